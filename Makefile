@@ -1,0 +1,28 @@
+# Set-up is one virtual environment at .venv, made once from Python 3.12 and
+# reused on every later call (it is rebuilt only when pyproject.toml changes).
+VENV := .venv
+STAMP := $(VENV)/.installed
+# The first Python 3.12 that actually runs: a pyenv shim named python3.12 can
+# exist without working, so each candidate is tried, not just found.
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+
+.PHONY: setup train test test-quick
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "tmem needs Python 3.12 (python3.12 was not found or does not run)"; exit 1; }
+	test -x $(VENV)/bin/python || $(PYTHON312) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev,notebooks]'
+	touch $(STAMP)
+
+train: setup
+	$(VENV)/bin/python train.py $(ARGS)
+
+test: setup
+	$(VENV)/bin/python -m pytest $(ARGS)
+
+test-quick: setup
+	$(VENV)/bin/python -m pytest -m "not slow and not notebook" $(ARGS)

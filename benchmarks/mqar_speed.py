@@ -1,0 +1,124 @@
+"""Speed of the default MQAR job: throughput, FLOP floor, compile time, time to 99%.
+
+    python benchmarks/mqar_speed.py                 # everything, seeds 0 1 2
+    python benchmarks/mqar_speed.py --seeds 0 --skip-train   # throughput only
+
+All numbers come from one process, so their ratios hold on a shared, noisy
+machine. The persistent compilation cache is off: compile time counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from contextlib import redirect_stderr
+
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from tmem.config import CONFIG_DIR, validate  # noqa: E402
+from tmem.model import build_model  # noqa: E402
+from tmem.train.loop import run  # noqa: E402
+from tmem.train.optim import build_optimizer, learning_rate  # noqa: E402
+from tmem.train.step import init_state, make_train_step  # noqa: E402
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["logger=disabled", *overrides])
+    return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
+
+
+def matmul_rate(n: int = 1024, reps: int = 20) -> float:
+    """FLOP/s of a large float32 matmul: what this CPU does at best."""
+    a = jax.random.normal(jax.random.key(0), (n, n))
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(reps):
+        out = f(a)
+    out.block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def step_throughput(cfg, steps: int = 300) -> dict:
+    task, t = cfg.task, cfg.train
+    tx = build_optimizer(cfg.optim, t.steps)
+    graphdef, state = init_state(build_model(cfg, task), tx, t.seed)
+    step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, learning_rate(cfg.optim, t.steps)),
+                   donate_argnums=0)
+    start = time.perf_counter()
+    compiled = step.lower(state).compile()
+    compile_s = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    for _ in range(20):
+        state, metrics = compiled(state)
+    jax.block_until_ready(state)
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = compiled(state)
+    jax.block_until_ready(state)
+    step_s = (time.perf_counter() - start) / steps
+    return {"compile_s": compile_s, "step_ms": 1e3 * step_s, "flops": flops,
+            "tokens_per_s": t.batch_size * task.seq_len / step_s, "steps_per_s": 1 / step_s}
+
+
+def time_to_target(cfg, resolved) -> dict:
+    with tempfile.TemporaryDirectory() as d, redirect_stderr(io.StringIO()):
+        s = run(cfg, d, resolved)
+    return {k: s[k] for k in ("target_step", "target_seconds", "eval/accuracy", "steps", "wall_seconds")}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--skip-train", action="store_true", help="only throughput and the FLOP floor")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job")
+    args = parser.parse_args()
+
+    cfg, resolved = config(*args.overrides)
+    rate = matmul_rate()
+    speed = step_throughput(cfg)
+    rate_after = matmul_rate()  # bracket the step timing: the machine is shared
+    rate = max(rate, rate_after)
+    floor_ms = 1e3 * speed["flops"] / rate
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+          f"{jax.devices()[0].platform}")
+    print(f"job: {' '.join(args.overrides) or 'default'}  (batch {cfg.train.batch_size}, T {cfg.task.seq_len})")
+    print(f"matmul rate            {rate / 1e9:8.1f} GFLOP/s (1024^3 float32)")
+    print(f"step FLOPs             {speed['flops'] / 1e9:8.3f} GFLOP")
+    print(f"step FLOP floor        {floor_ms:8.2f} ms")
+    print(f"step time              {speed['step_ms']:8.2f} ms  ({speed['step_ms'] / floor_ms:.2f} x floor)")
+    print(f"throughput             {speed['steps_per_s']:8.1f} steps/s, {speed['tokens_per_s']:,.0f} tokens/s")
+    print(f"compile                {speed['compile_s']:8.2f} s")
+    results = {"matmul_gflops": rate / 1e9, **speed, "floor_ms": floor_ms}
+    if not args.skip_train:
+        runs = []
+        for seed in args.seeds:
+            cfg_s, resolved_s = config(*args.overrides, f"train.seed={seed}")
+            r = time_to_target(cfg_s, resolved_s)
+            runs.append(r)
+            print(f"seed {seed}: eval/accuracy >= 0.99 at step {r['target_step']} after {r['target_seconds']} s "
+                  f"(final {r['eval/accuracy']:.4f} at step {r['steps']})")
+        reached = [r["target_seconds"] for r in runs]
+        if None not in reached:
+            print(f"time to 99%            {statistics.median(reached):8.1f} s median over seeds {args.seeds}")
+        else:
+            print(f"time to 99%            not reached for every seed: {reached}")
+        results["runs"] = runs
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What a task gives the trainer: a pure sampler, a fixed held-out set, a loss."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+
+@struct.dataclass
+class Batch:
+    """One batch of a task, all arrays.
+
+    `targets` and `mask` are indexed like `positions` when the task scores only
+    a few positions per sequence (the model then reads out logits only there,
+    which for MQAR skips most of the unembedding); with `positions=None` they
+    align with `inputs`. `meta` carries whatever probes need (for MQAR the
+    distance from each query back to its key).
+    """
+
+    inputs: jax.Array  # [B, T] int32 tokens, or [B, T, D] float vectors
+    targets: jax.Array  # [B, Q] or [B, T]
+    mask: jax.Array  # same shape as targets, float32 weights (0 = not scored)
+    positions: jax.Array | None = None  # [B, Q] int32 positions in inputs
+    meta: dict[str, Any] = struct.field(default_factory=dict)
+
+
+class Task(Protocol):
+    """The interface every task implements (see tasks/mqar.py for one)."""
+
+    name: str
+    input_kind: str  # "tokens" or "vectors"
+    seq_len: int
+    heldout_size: int
+    heldout_seed: int
+    target_metric: str  # the held-out metric train.target refers to
+    higher_is_better: bool
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def sample(self, key: jax.Array, batch_size: int) -> Batch: ...
+
+    def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+
+def heldout(task: Task) -> Batch:
+    """The task's fixed held-out set: its own seed, never a training key."""
+    return task.sample(jax.random.key(task.heldout_seed), task.heldout_size)
+
+
+def token_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross-entropy and accuracy over the scored positions (mask-weighted means)."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
+    weight = batch.mask.astype(jnp.float32)
+    total = jnp.maximum(weight.sum(), 1.0)
+    loss = (ce * weight).sum() / total
+    correct = (jnp.argmax(logits, -1) == batch.targets).astype(jnp.float32)
+    accuracy = (correct * weight).sum() / total
+    return loss, {"loss": loss, "accuracy": accuracy}

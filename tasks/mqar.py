@@ -1,0 +1,105 @@
+"""Multi-query associative recall (MQAR), as Zoology generates it.
+
+Layout of one example with 4 key-value pairs and T = 20 (K key, V value,
+q a queried key, . a filler token drawn from the whole vocabulary)::
+
+    position  0  1  2  3  4  5  6  7 | 8  9 10 11 12 13 14 15 16 17 18 19
+    input     K1 V1 K2 V2 K3 V3 K4 V4 | K3 .  K1 .  .  .  K4 .  K2 .  .  .
+    target                            | V3    V1          V4    V2
+              context block (2 kv)    | query region: key j sits at 2*gap_j
+
+Keys come from [1, V/2) and values from [V/2, V), each distinct within an
+example. The query region has (T - 2 kv) / 2 even slots; the kv gaps are
+drawn without replacement with p_i proportional to i^(a-1), i = 1..slots, so
+queries cluster just after the context block with a heavy tail. Every key is
+queried once, in random order, and the model must predict its value at the
+query position itself. Loss and accuracy count only those kv positions.
+With `num_passes` > 1 the context block is repeated (JRT style).
+
+Sampling is pure JAX (Gumbel top-k draws without replacement), so the train
+step samples every batch on device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tasks.base import Batch, token_loss
+
+
+def _distinct(key: jax.Array, low: int, high: int, k: int) -> jax.Array:
+    """k distinct integers from [low, high), uniformly (Gumbel top-k)."""
+    return low + jax.lax.top_k(jax.random.gumbel(key, (high - low,)), k)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class MQAR:
+    vocab: int = 256
+    seq_len: int = 64
+    num_kv_pairs: int = 4
+    power_a: float = 0.01
+    num_passes: int = 1
+    random_non_queries: bool = True
+    heldout_size: int = 3000
+    heldout_seed: int = 2**31 - 1
+
+    name = "mqar"
+    input_kind = "tokens"
+    target_metric = "accuracy"  # train.target applies to eval/accuracy, higher is better
+    higher_is_better = True
+
+    def __post_init__(self):
+        context = 2 * self.num_kv_pairs * self.num_passes
+        checks = [
+            (self.seq_len % 2 == 0, "task.seq_len must be even"),
+            (self.vocab > self.seq_len, "task.vocab must exceed task.seq_len"),
+            (context + 2 * self.num_kv_pairs <= self.seq_len,
+             "task.num_kv_pairs too large: need 2*kv*num_passes + 2*kv <= seq_len"),
+            (self.num_kv_pairs <= self.vocab // 2 - 1, "task.num_kv_pairs exceeds the key vocabulary V/2 - 1"),
+            (0 < self.power_a <= 1, "task.power_a must be in (0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def sample(self, key: jax.Array, batch_size: int) -> Batch:
+        return jax.vmap(self._example)(jax.random.split(key, batch_size))
+
+    def _example(self, key: jax.Array) -> Batch:
+        kv, T, V = self.num_kv_pairs, self.seq_len, self.vocab
+        k_keys, k_values, k_gaps, k_fill = jax.random.split(key, 4)
+        keys = _distinct(k_keys, 1, V // 2, kv)
+        values = _distinct(k_values, V // 2, V, kv)
+        context = jnp.tile(jnp.stack([keys, values], -1).reshape(-1), self.num_passes)
+        C = context.shape[0]
+
+        slots = (T - C) // 2
+        log_p = (self.power_a - 1.0) * jnp.log(jnp.arange(1, slots + 1, dtype=jnp.float32))
+        gaps = jax.lax.top_k(log_p + jax.random.gumbel(k_gaps, (slots,)), kv)[1]
+        query_pos = (C + 2 * gaps).astype(jnp.int32)
+
+        queries = jnp.zeros(T, jnp.int32).at[query_pos].set(keys)
+        is_query = jnp.zeros(T, bool).at[query_pos].set(True)
+        filler = jax.random.randint(k_fill, (T,), 0, V) if self.random_non_queries else jnp.zeros(T, jnp.int32)
+        inputs = jnp.where(is_query, queries, filler)
+        inputs = inputs.at[:C].set(context)
+
+        # Distance from the query back to the last copy of its key.
+        key_pos = C - 2 * kv + 2 * jnp.arange(kv)
+        return Batch(
+            inputs=inputs.astype(jnp.int32),
+            targets=values.astype(jnp.int32),
+            mask=jnp.ones(kv, jnp.float32),
+            positions=query_pos,
+            meta={"distance": query_pos - key_pos},
+        )
+
+    def loss(self, logits, batch):
+        return token_loss(logits, batch)

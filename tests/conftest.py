@@ -1,0 +1,64 @@
+"""Shared test set-up: strict numerics, a persistent compile cache, tiny configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Set before jax starts, and inherited by the entry points tests run as subprocesses:
+# compiled programs are cached across tests and processes, wandb never needs a network.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# A model and task small enough to train in seconds.
+TINY = [
+    "task.vocab=32", "task.seq_len=16", "task.num_kv_pairs=2", "task.heldout_size=64",
+    "model.width=16", "mixer.heads=2",
+    "train.batch_size=16", "train.steps=20", "train.log_every=5", "train.eval_every=10",
+    "train.checkpoint_every=10", "optim.warmup_steps=5", "logger=disabled",
+]
+
+
+def compose_config(overrides=(), config_name: str = "train"):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
+
+
+@pytest.fixture
+def tiny_cfg():
+    """Compose TINY plus overrides into a validated Config and its resolved dict."""
+    from tmem.config import validate
+
+    def make(*overrides):
+        cfg = compose_config([*TINY, *overrides])
+        return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
+
+    return make
+
+
+def run_entry(script: str, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run train.py or eval.py as a user would, from the repository root."""
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished tiny training run directory (train.py as a subprocess), shared by tests that read one."""
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    done = run_entry("train.py", *TINY, "train.steps=30", "train.keep_checkpoints=null",
+                     "train.early_stop=false", f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir

@@ -1,0 +1,63 @@
+"""Config groups compose, validate, and fail in one line naming the field."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, compose_config, run_entry
+from tmem.config import GROUPS, ConfigError, check_group_overrides, validate
+
+OPTIONS = [(group, p.stem) for group in GROUPS if group != "experiment"
+           for p in sorted((ROOT / "configs" / group).glob("*.yaml"))]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group, option", OPTIONS)
+def test_every_group_option_composes_and_validates(group, option):
+    cfg = validate(compose_config([f"{group}={option}"]))
+    assert getattr(cfg, group) is not None
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment):
+    validate(compose_config([f"experiment={experiment}"]))
+
+
+def test_eval_config_composes():
+    cfg = compose_config(["run=/tmp/x", "probes=[mqar_distance]"], config_name="eval")
+    assert list(cfg.probes) == ["mqar_distance"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+model.widht=32"], "model.widht: unknown field; allowed: width, depth"),
+    (["model.width=abc"], "model.width"),
+    (["model.width=30", "mixer.heads=4"], "mixer.heads=4 must divide model.width=30"),
+    (["model.positions=sinusoid"], "model.positions='sinusoid' is not one of: learned, rope, none"),
+    (["optim.schedule=step"], "optim.schedule='step' is not one of"),
+    (["train.steps=0"], "train.steps=0 must be positive"),
+    (["task.num_kv_pairs=40"], "task.num_kv_pairs too large"),
+    (["+task.keys=3"], "task.keys: unknown field"),
+    (["mixer.name=mamba"], "mixer.name='mamba' is not one of: softmax"),
+])
+def test_bad_configs_fail_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        validate(compose_config(overrides))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_group_option_names_the_allowed_ones():
+    problem = check_group_overrides(["mixer=softmax,linear_attention"])
+    assert problem == "mixer=linear_attention: no such option; allowed: softmax"
+    assert check_group_overrides(["mixer=softmax", "model.width=8", "experiment=null"]) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["mlp=nope"], "config error: mlp=nope: no such option; allowed:"),
+    (["model.width=30"], "config error: mixer.heads=4 must divide model.width=30"),
+])
+def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
+    done = run_entry("train.py", *args, f"hydra.run.dir={tmp_path}", "logger=disabled", timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in done.stderr
+    assert not (Path(tmp_path) / "checkpoints").exists()

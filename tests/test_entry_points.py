@@ -1,0 +1,88 @@
+"""train.py and eval.py as a user runs them: run directories, wandb files, multirun, signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, TINY, run_entry
+
+
+def test_train_writes_everything_a_run_directory_holds(tmp_path):
+    done = run_entry("train.py", *TINY, "logger=offline", f"hydra.run.dir={tmp_path}",
+                     env={**os.environ, "WANDB_MODE": "offline"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (tmp_path / ".hydra" / "config.yaml").exists()
+    assert (tmp_path / "checkpoints" / str(summary["checkpoint_step"]) / "state").is_dir()
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert summary["wandb_dir"] == str(runs[0].parent)
+    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy="):
+        assert line in done.stdout
+
+
+def test_multirun_gives_each_job_its_own_directory(tmp_path):
+    done = run_entry("train.py", "-m", *TINY, "train.steps=5", "model.width=8,16", f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {OmegaConf.load(tmp_path / str(i) / ".hydra" / "config.yaml").model.width for i in (0, 1)} == {8, 16}
+    for i in (0, 1):
+        assert json.loads((tmp_path / str(i) / "summary.json").read_text())["steps"] == 5
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+    args = [*TINY, "train.steps=100000", "train.checkpoint_every=100000", "train.early_stop=false",
+            f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "wandb").exists() and time.time() < deadline:  # the loop is about to start
+        time.sleep(0.2)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint_step"] == summary["steps"] > 0
+    step = summary["steps"]
+    done = run_entry("train.py", *args[:-4], f"train.steps={step + 10}", "train.resume=true",
+                     f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"] == step and summary["steps"] == step + 10
+
+
+def test_eval_writes_report_and_figure(tiny_run):
+    done = run_entry("eval.py", f"run={tiny_run}", "probes=[mqar_distance]", "logger=disabled")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tiny_run / "eval" / "report.json").read_text())
+    assert report["step"] == 30 and report["run"] == str(tiny_run)
+    rows = report["mqar_distance"]
+    assert sum(rows["count"]) == 64 * 2  # every held-out query lands in one bin
+    assert (tiny_run / "eval" / "mqar_distance.png").stat().st_size > 0
+
+
+def test_eval_restores_any_checkpoint_step(tiny_run):
+    done = run_entry("eval.py", f"run={tiny_run}", "step=10", "probes=[mqar_distance]", "logger=disabled")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tiny_run / "eval" / "report.json").read_text())["step"] == 10
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run={tmp}/nothing"], "error: run={tmp}/nothing: no such directory"),
+    (["run={tmp}"], "has no checkpoints/ folder"),
+    (["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance"),
+    (["probes=[mqar_distance]"], "error: probe 'mqar_distance' needs a trained model: pass run=<run dir>"),
+])
+def test_eval_errors_are_one_line(tiny_run, tmp_path, args, message):
+    fill = lambda s: s.format(tmp=tmp_path, run=tiny_run)  # noqa: E731
+    done = run_entry("eval.py", *map(fill, args), *(["probes=[mqar_distance]"] if len(args) == 1 and
+                                                      "probes" not in args[0] else []), "logger=disabled")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert fill(message) in last and "Traceback" not in done.stderr

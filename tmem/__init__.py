@@ -1,0 +1,1 @@
+"""tmem: toy transformers as associative memories."""

@@ -1,0 +1,202 @@
+"""Typed schema of every config group, and validation before anything compiles.
+
+Hydra composes YAML; `validate` turns the result into frozen dataclasses and
+turns every problem into one `ConfigError` line naming the field and what is
+allowed. Task and mixer schemas live beside their code (tasks.TASKS,
+tmem.mixers.MIXERS) so adding one needs no edit here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tasks import TASKS
+from tmem.layers import MLPS, NORMS
+from tmem.mixers import MIXERS
+
+
+class ConfigError(ValueError):
+    """A bad config, described in one line."""
+
+
+def _choice(field: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(**fields) -> None:
+    for name, value in fields.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"{name}={value} must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    width: int = 64
+    depth: int = 2
+    positions: str = "rope"  # learned (added to the input), rope (in attention), none
+    norm: str = "layernorm"
+    tie_embeddings: bool = True
+    embed_std: float = 1.0  # init scale of the token embedding
+
+    def __post_init__(self):
+        _positive(**{"model.width": self.width, "model.depth": self.depth})
+        _choice("model.positions", self.positions, ("learned", "rope", "none"))
+        _choice("model.norm", self.norm, NORMS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPConfig:
+    name: str = "none"
+    expansion: float = 4.0  # hidden units per model width
+    bias: bool = False
+
+    def __post_init__(self):
+        _choice("mlp.name", self.name, MLPS)
+        _positive(**{"mlp.expansion": self.expansion})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 3e-3
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # after warmup: cosine, linear (to final_lr_ratio * lr) or constant
+    final_lr_ratio: float = 0.1
+    clip_norm: float | None = 1.0
+
+    def __post_init__(self):
+        _choice("optim.name", self.name, ("adamw",))
+        _choice("optim.schedule", self.schedule, ("cosine", "linear", "constant"))
+        _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm})
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggerConfig:
+    mode: str = "offline"  # offline writes local files; `wandb sync <run dir>/wandb` uploads later
+    project: str = "tmem"
+    entity: str | None = None
+    group: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 5000
+    batch_size: int = 64
+    log_every: int = 50
+    eval_every: int = 100
+    checkpoint_every: int = 1000
+    keep_checkpoints: int | None = 1  # None keeps every checkpoint (formation probes read them all)
+    target: float | None = 0.99  # held-out value of the task's target metric to reach
+    early_stop: bool = True  # stop at the first held-out eval that reaches target
+    resume: bool = False  # continue from the run directory's latest checkpoint
+    stop_after: int | None = None  # end this session (with a checkpoint) after this many steps
+
+    def __post_init__(self):
+        _positive(**{f"train.{f}": getattr(self, f) for f in
+                     ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
+                                  "keep_checkpoints", "stop_after")})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    task: Any
+    mixer: Any
+    model: ModelConfig
+    mlp: MLPConfig
+    optim: OptimConfig
+    logger: LoggerConfig
+    train: TrainConfig
+    name: str | None = None
+
+
+_FIXED = {"model": ModelConfig, "mlp": MLPConfig, "optim": OptimConfig, "logger": LoggerConfig,
+          "train": TrainConfig}
+
+
+def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = ()):
+    """One group's YAML node -> its dataclass, or a one-line ConfigError."""
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{section}: expected a mapping of fields, got {node!r}")
+    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
+    allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
+        first = str(e).splitlines()[0]
+        if "not in" in first:
+            raise ConfigError(f"{section}.{key}: unknown field; allowed: {allowed}") from None
+        raise ConfigError(f"{section}.{key}: {first}") from None
+    except (ValueError, TypeError) as e:
+        message = str(e) if str(e).startswith(section) else f"{section}: {e}"
+        raise ConfigError(message) from None
+
+
+def _registered(section: str, node: Any, registry: dict):
+    name = node.get("name") if isinstance(node, DictConfig) else None
+    if name not in registry:
+        raise ConfigError(f"{section}.name={name!r} is not one of: {', '.join(registry)}")
+    return name
+
+
+def validate(cfg: DictConfig) -> Config:
+    """Check a composed config and return it typed; raises ConfigError."""
+    for section in ("task", "mixer", *_FIXED):
+        if section not in cfg:
+            raise ConfigError(f"{section}: missing config group")
+    task_name = _registered("task", cfg.task, TASKS)
+    task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
+    mixer_schema, _ = MIXERS[_registered("mixer", cfg.mixer, MIXERS)]
+    mixer = parse_group("mixer", mixer_schema, cfg.mixer)
+    fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
+    config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
+    _check_together(config)
+    return config
+
+
+def _check_together(cfg: Config) -> None:
+    """Constraints between groups."""
+    try:
+        cfg.mixer.check(cfg.model.width)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.task.input_kind != "tokens":
+        raise ConfigError(f"task {cfg.task.name!r} feeds {cfg.task.input_kind}; this model reads tokens only")
+    if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
+        raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
+
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "experiment")
+
+
+def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -> str | None:
+    """One line for a command-line `group=option` naming no file in configs/, else None.
+
+    Hydra would report this too, over several lines; checking first gives the
+    one-line message every other config error gets.
+    """
+    for arg in overrides:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq or key not in GROUPS or value in ("null", ""):
+            continue
+        options = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
+        for option in value.split(","):
+            if option not in options:
+                return f"{key}={option}: no such option; allowed: {', '.join(options)}"
+    return None

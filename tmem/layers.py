@@ -1,0 +1,67 @@
+"""Shared layers: norms, rotary positions, and the MLP (the slow memory)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+NORMS = ("layernorm", "rmsnorm", "none")
+
+
+def make_norm(kind: str, width: int, rngs: nnx.Rngs):
+    """A norm by name; "none" is the identity (attention-only toy models)."""
+    if kind == "layernorm":
+        return nnx.LayerNorm(width, epsilon=1e-5, rngs=rngs)
+    if kind == "rmsnorm":
+        return nnx.RMSNorm(width, epsilon=1e-6, rngs=rngs)
+    if kind == "none":
+        return lambda x: x
+    raise ValueError(f"unknown norm {kind!r}; allowed: {', '.join(NORMS)}")
+
+
+def rope(x_bthd: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
+    """Rotary positions (rotate-half form): pairs (i, i + D/2) turn by pos * base^(-2i/D).
+
+    positions: [T] shared by the batch, or [B, T] per example.
+    """
+    D = x_bthd.shape[-1]
+    freq = base ** (-jnp.arange(0, D // 2, dtype=jnp.float32) * 2 / D)
+    freq = freq.reshape((1,) * positions.ndim + freq.shape)
+    angle = (positions[..., None].astype(jnp.float32) * freq)[..., None, :]  # [(B,) T, 1, D/2]
+    angle = angle.reshape((1,) * (x_bthd.ndim - angle.ndim) + angle.shape)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = x_bthd[..., : D // 2], x_bthd[..., D // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_bthd.dtype)
+
+
+# The score function applied to the keys' match W_in x (Chapter 5): the read of
+# the slow memory. Gated variants multiply by a second, linear match.
+SCORES = {
+    "linear": lambda h: h,
+    "relu": jax.nn.relu,
+    "relu2": lambda h: jnp.square(jax.nn.relu(h)),
+    "gelu": jax.nn.gelu,
+    "swiglu": jax.nn.silu,
+}
+GATED = {"swiglu"}
+MLPS = ("none", *SCORES)
+
+
+class MLP(nnx.Module):
+    """y = W_out s(W_in x): hidden units are keys, W_out rows their values."""
+
+    def __init__(self, width: int, hidden: int, score: str, *, bias: bool, rngs: nnx.Rngs):
+        self.score = score
+        n_in = 2 * hidden if score in GATED else hidden
+        self.w_in = nnx.Linear(width, n_in, use_bias=bias, rngs=rngs)
+        self.w_out = nnx.Linear(hidden, width, use_bias=bias, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.w_in(x)
+        if self.score in GATED:
+            h, gate = jnp.split(h, 2, axis=-1)
+            h = SCORES[self.score](h) * gate
+        else:
+            h = SCORES[self.score](h)
+        return self.w_out(h)

@@ -1,0 +1,10 @@
+"""Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
+
+from tmem.probes import mqar_distance
+from tmem.probes.base import Probe, ProbeInput
+
+PROBES: dict[str, Probe] = {
+    "mqar_distance": mqar_distance.probe,
+}
+
+__all__ = ["PROBES", "Probe", "ProbeInput"]

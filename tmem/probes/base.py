@@ -1,0 +1,39 @@
+"""What a probe is: a function of a trained model (or of nothing) to metrics and figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+
+
+@dataclasses.dataclass
+class ProbeInput:
+    """What the eval frame hands a probe.
+
+    `model` and `cfg` are None for probes that need no trained model;
+    `checkpoints` lets a probe read a run's whole history (formation over training).
+    """
+
+    cfg: Any = None  # tmem.config.Config of the run
+    model: Any = None  # the restored LM
+    step: int | None = None
+    key: jax.Array | None = None
+    run_dir: Path | None = None
+    checkpoints: Any = None  # tmem.train.checkpoint.Checkpoints of the run
+    options: dict = dataclasses.field(default_factory=dict)  # eval.yaml's `options.<probe>`
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """`run(input) -> (metrics, figures)`: a JSON-able dict and {name: matplotlib Figure}.
+
+    `applies(cfg)` returns None when the probe can read this run, else the reason it cannot.
+    """
+
+    run: Callable[[ProbeInput], tuple[dict, dict]]
+    needs_run: bool = True
+    applies: Callable[[Any], str | None] = lambda cfg: None
+    description: str = ""

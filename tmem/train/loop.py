@@ -1,0 +1,222 @@
+"""The training loop: dispatch jitted steps, evaluate, checkpoint, track, summarise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from tasks import heldout
+from tmem.config import Config
+from tmem.model import build_model, count_params
+from tmem.train.checkpoint import Checkpoints
+from tmem.train.optim import build_optimizer, learning_rate
+from tmem.train.step import init_state, make_eval, make_train_step
+from tmem.train.tracking import Tracker
+
+PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
+
+
+@contextmanager
+def stop_requests():
+    """SIGINT/SIGTERM ask the loop to save and stop; a second one stops at once."""
+    received: list[int] = []
+    previous = {}
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, previous[signum])
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def state_sizes(cfg: Config) -> tuple[int | None, int | None]:
+    """Mixer state elements per sequence at the task's length (summed over layers), and per token."""
+    m, depth = cfg.mixer, cfg.model.depth
+    per_token = m.state_size_per_token(cfg.model.width)
+    return m.state_size(cfg.model.width, cfg.task.seq_len) * depth, None if per_token is None else per_token * depth
+
+
+def run(cfg: Config, run_dir: Path, resolved: dict) -> dict:
+    """Train the run a config describes in `run_dir`; write and return its summary."""
+    for name in ("absl", "orbax"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with stop_requests() as stop:
+        trainer = Trainer(cfg, Path(run_dir).absolute(), resolved)
+        return trainer.fit(stop)
+
+
+class Trainer:
+    """One training session on a run directory (a fresh run or a resumed one)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resolved: dict):
+        self.cfg, self.run_dir, t = cfg, run_dir, cfg.train
+        task = cfg.task
+        model = build_model(cfg, task)
+        self.n_params = count_params(model)
+        tx = build_optimizer(cfg.optim, t.steps)
+        graphdef, self.state = init_state(model, tx, t.seed)
+        del model  # its arrays now live in self.state, which the step donates
+
+        self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints)
+        self.progress = {"wall_seconds": 0.0, "target_step": None, "target_seconds": None}
+        self.resumed_from = self.ckpts.latest_step() if t.resume else None
+        if self.resumed_from is not None:
+            self.state = self.ckpts.restore(jax.eval_shape(lambda: self.state))
+            saved = self.ckpts.metrics(self.resumed_from)
+            self.progress.update({k: saved[k] for k in PROGRESS_KEYS if k in saved})
+        elif t.resume:
+            print(f"train.resume: no checkpoint in {self.ckpts.directory} yet; starting from step 0")
+
+        self.name = cfg.name or run_dir.name
+        session = self.name if self.resumed_from is None else f"{self.name}-resume-{self.resumed_from}"
+        self.tracker = Tracker(cfg.logger, run_dir, name=session, group=self.name, config=resolved)
+        self.tracker.summary({"parameters": self.n_params})
+
+        schedule = learning_rate(cfg.optim, t.steps)
+        self.train_step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, schedule), donate_argnums=0)
+        self._evaluate = jax.jit(make_eval(graphdef, task))
+        self.heldout = jax.jit(lambda: heldout(task))()
+        self.metric = f"eval/{task.target_metric}"
+        self.last_eval: dict = {}
+
+    # -- the loop ---------------------------------------------------------
+
+    def fit(self, stop: list[int]) -> dict:
+        t = self.cfg.train
+        step, status, pending = int(self.state.step), "completed", []
+        last = t.steps if t.stop_after is None else min(t.steps, step + t.stop_after)
+        self._start = time.perf_counter()
+        bar = tqdm(total=t.steps, initial=step, desc=self.name, dynamic_ncols=True, mininterval=0.5)
+        try:
+            while step < last:
+                self.state, metrics = self.train_step(self.state)
+                step += 1
+                pending.append(metrics)
+                due_eval = step % t.eval_every == 0 or step == last
+                if step % t.log_every == 0 or due_eval or stop:
+                    self._log(pending, step, bar)
+                    pending = []
+                if due_eval and self._eval(step) and t.early_stop:
+                    status = "target_reached"
+                    break
+                if step % t.checkpoint_every == 0:
+                    self._save()
+                if stop:
+                    status = "interrupted"
+                    break
+            else:
+                if step < t.steps:
+                    status = "paused"  # train.stop_after ended this session; resume continues
+            if self.last_eval.get("eval/step") != step:
+                self._eval(step)
+            self._save()
+        except TrainingDiverged:
+            self._write_summary({"status": "diverged", "steps": step, "wall_seconds": self._seconds(),
+                                 **self._eval_metrics()})
+            self._close(bar, exit_code=1)
+            raise
+        summary = self._summary(status, step)
+        self.tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        self._close(bar, exit_code=0 if status != "interrupted" else 1)
+        self._write_summary(summary)
+        if stop:
+            summary["signal"] = stop[0]
+        return summary
+
+    def _seconds(self) -> float:
+        """Training wall time of the run: earlier sessions plus this one, compile included."""
+        return float(self.progress["wall_seconds"]) + time.perf_counter() - self._start
+
+    def _log(self, pending: list[dict], step: int, bar) -> None:
+        host = jax.device_get(pending)
+        means = {f"train/{k}": float(np.mean([m[k] for m in host])) for k in host[0]}
+        self._check_finite(step)
+        self.tracker.log(means, step)
+        bar.update(step - bar.n)
+        shown = {"loss": f"{means['train/loss']:.3f}"}
+        if "train/accuracy" in means:
+            shown["acc"] = f"{means['train/accuracy']:.3f}"
+        if self.metric in self.last_eval:
+            shown[self.metric] = f"{self.last_eval[self.metric]:.4f}"
+        bar.set_postfix(shown)
+
+    def _eval(self, step: int) -> bool:
+        """Evaluate on the held-out set; True the first time the target is reached."""
+        results = jax.device_get(self._evaluate(self.state.params, self.state.rest, self.heldout))
+        self.last_eval = {f"eval/{k}": float(v) for k, v in results.items()}
+        self.tracker.log(self.last_eval, step)
+        self.last_eval["eval/step"] = step
+        if self.progress["target_step"] is None and self._reached(self.last_eval[self.metric]):
+            self.progress.update(target_step=step, target_seconds=self._seconds())
+            return True
+        return False
+
+    def _reached(self, value: float) -> bool:
+        target, higher = self.cfg.train.target, self.cfg.task.higher_is_better
+        return target is not None and (value >= target if higher else value <= target)
+
+    def _check_finite(self, step: int) -> None:
+        bad = int(self.state.nonfinite_step)
+        if bad < 0:
+            return
+        last = self.ckpts.latest_step()
+        where = (f"the last good checkpoint is step {last} in {self.ckpts.directory} (still restorable)"
+                 if last is not None else "no checkpoint was written before it")
+        raise TrainingDiverged(f"loss became NaN/Inf at step {bad + 1}; stopped at step {step}; {where}. "
+                               "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm.")
+
+    def _save(self) -> None:
+        self._check_finite(int(self.state.step))  # never overwrite good checkpoints with NaNs
+        self.ckpts.save(self.state, {**self._eval_metrics(), "eval/step": self.last_eval.get("eval/step"),
+                                     **self.progress, "wall_seconds": self._seconds()})
+
+    def _eval_metrics(self) -> dict:
+        return {k: v for k, v in self.last_eval.items() if k != "eval/step"}
+
+    def _summary(self, status: str, step: int) -> dict:
+        total, per_token = state_sizes(self.cfg)
+        seconds = self.progress["target_seconds"]
+        return {
+            "status": status,
+            **self._eval_metrics(),
+            "steps": step,
+            "wall_seconds": round(self._seconds(), 3),
+            "target_metric": self.metric,
+            "target_value": self.cfg.train.target,
+            "target_step": self.progress["target_step"],
+            "target_seconds": None if seconds is None else round(seconds, 3),
+            "parameters": self.n_params,
+            "state_size": total,
+            "state_size_per_token": per_token,
+            "resumed_from": self.resumed_from,
+            "run_dir": str(self.run_dir),
+            "checkpoint_dir": str(self.ckpts.directory),
+            "checkpoint_step": self.ckpts.latest_step(),
+            "wandb_dir": self.tracker.directory,
+        }
+
+    def _write_summary(self, summary: dict) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def _close(self, bar, exit_code: int) -> None:
+        bar.close()
+        self.ckpts.close()
+        self.tracker.finish(exit_code=exit_code)

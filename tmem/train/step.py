@@ -1,0 +1,96 @@
+"""The pure train step and the held-out evaluation, both jitted once per run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from tasks import Batch
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a run needs to continue exactly: what a checkpoint holds."""
+
+    step: jax.Array  # int32: steps done
+    params: Any  # nnx.State of the model's Params
+    rest: Any  # the model's other variables (none for most models)
+    opt_state: Any
+    key: jax.Array  # uint32 key data of the run's base key; batches fold in the step
+    nonfinite_step: jax.Array  # int32: first step whose loss was NaN/Inf, -1 if none
+
+
+def init_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        rest=rest,
+        opt_state=tx.init(params),
+        key=jax.random.key_data(jax.random.key(seed)),
+        nonfinite_step=jnp.full((), -1, jnp.int32),
+    )
+    return graphdef, state
+
+
+def batch_key(state: TrainState) -> jax.Array:
+    """The key of this step's batch: a function of (seed, step) only, so resuming is exact."""
+    return jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+
+
+def make_loss(graphdef, task):
+    def loss_fn(params, rest, batch: Batch):
+        model = nnx.merge(graphdef, params, rest)
+        return task.loss(model(batch.inputs, positions=batch.positions), batch)
+
+    return loss_fn
+
+
+def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule):
+    """(state) -> (state, metrics): sample on device, forward, backward, update."""
+    loss_fn = make_loss(graphdef, task)
+
+    def train_step(state: TrainState):
+        batch = task.sample(batch_key(state), batch_size)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.rest, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        bad = ~jnp.isfinite(loss) & (state.nonfinite_step < 0)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=lr_schedule(state.step))
+        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                            nonfinite_step=jnp.where(bad, state.step, state.nonfinite_step))
+        return new, metrics
+
+    return train_step
+
+
+def make_eval(graphdef, task, chunk: int = 500):
+    """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks."""
+    loss_fn = make_loss(graphdef, task)
+
+    def evaluate(params, rest, batch: Batch):
+        n = batch.inputs.shape[0]
+        size = min(chunk, n)
+        pad = -n % size
+
+        def split(x):
+            x = jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x
+            return x.reshape(-1, size, *x.shape[1:])
+
+        chunks = jax.tree.map(split, batch)
+        valid = (jnp.arange(n + pad) < n).reshape(-1, size, *[1] * (batch.mask.ndim - 1))
+        chunks = chunks.replace(mask=chunks.mask * valid)  # padded rows weigh nothing
+
+        def one(b):
+            _, metrics = loss_fn(params, rest, b)
+            return metrics, b.mask.sum()
+
+        metrics, weights = jax.lax.map(one, chunks)
+        total = jnp.maximum(weights.sum(), 1.0)
+        return jax.tree.map(lambda m: (m * weights).sum() / total, metrics)
+
+    return evaluate
