@@ -32,7 +32,7 @@ def test_eval_config_composes():
     (["+model.widht=32"], "model.widht: unknown field; allowed: width, depth"),
     (["model.width=abc"], "model.width"),
     (["model.width=30", "mixer.heads=4"], "mixer.heads=4 must divide model.width=30"),
-    (["model.positions=sinusoid"], "model.positions='sinusoid' is not one of: learned, rope, none"),
+    (["model.positions=sinusoid"], "model.positions='sinusoid' is not one of: auto, rope, learned, none"),
     (["optim.schedule=step"], "optim.schedule='step' is not one of"),
     (["train.steps=0"], "train.steps=0 must be positive"),
     (["task.num_kv_pairs=40"], "task.num_kv_pairs too large"),

@@ -39,14 +39,14 @@ def _positive(**fields) -> None:
 class ModelConfig:
     width: int = 64
     depth: int = 2
-    positions: str = "rope"  # learned (added to the input), rope (in attention), none
+    positions: str = "auto"  # auto (rope where the mixer applies it, else none), rope, learned, none
     norm: str = "layernorm"
     tie_embeddings: bool = True
     embed_std: float = 1.0  # init scale of the token embedding
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
-        _choice("model.positions", self.positions, ("learned", "rope", "none"))
+        _choice("model.positions", self.positions, ("auto", "rope", "learned", "none"))
         _choice("model.norm", self.norm, NORMS)
 
 
@@ -110,6 +110,13 @@ class TrainConfig:
         _positive(**{f"train.{f}": getattr(self, f) for f in
                      ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
                                   "keep_checkpoints", "stop_after")})
+
+
+def position_scheme(cfg) -> str:
+    """The position scheme a model actually uses: `auto` becomes rope or none by mixer."""
+    if cfg.model.positions == "auto":
+        return "rope" if getattr(cfg.mixer, "applies_rope", False) else "none"
+    return cfg.model.positions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tmem.config import Config
+from tmem.config import Config, position_scheme
 from tmem.layers import MLP, make_norm
 from tmem.mixers import MIXERS
 
@@ -18,7 +18,7 @@ class Block(nnx.Module):
         width = cfg.model.width
         _, mixer_cls = MIXERS[cfg.mixer.name]
         self.mixer_norm = make_norm(cfg.model.norm, width, rngs)
-        self.mixer = mixer_cls(cfg.mixer, width, rope=cfg.model.positions == "rope", rngs=rngs)
+        self.mixer = mixer_cls(cfg.mixer, width, rope=position_scheme(cfg) == "rope", rngs=rngs)
         if cfg.mlp.name != "none":
             self.mlp_norm = make_norm(cfg.model.norm, width, rngs)
             hidden = int(round(cfg.mlp.expansion * width))
@@ -46,7 +46,7 @@ class LM(nnx.Module):
         m = cfg.model
         self.embed = nnx.Embed(vocab_size, m.width, embedding_init=nnx.initializers.normal(m.embed_std), rngs=rngs)
         self.pos_embed = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, m.width)))
-                          if m.positions == "learned" else None)
+                          if position_scheme(cfg) == "learned" else None)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(m.depth)])
         self.norm = make_norm(m.norm, m.width, rngs)
         self.unembed = None if m.tie_embeddings else nnx.Linear(m.width, vocab_size, use_bias=False, rngs=rngs)
