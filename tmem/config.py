@@ -43,11 +43,17 @@ class ModelConfig:
     norm: str = "layernorm"
     tie_embeddings: bool = True
     embed_std: float = 1.0  # init scale of the token embedding
+    # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
+    # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);
+    # learned: a linear read-in to the width and a linear read-out after the final norm.
+    read_in: str = "identity"
+    tie_blocks: bool = False  # vector tasks only: one block applied `depth` times (a looped model)
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
         _choice("model.positions", self.positions, ("auto", "rope", "learned", "none"))
         _choice("model.norm", self.norm, NORMS)
+        _choice("model.read_in", self.read_in, ("identity", "learned"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +119,13 @@ class TrainConfig:
 
 
 def position_scheme(cfg) -> str:
-    """The position scheme a model actually uses: `auto` becomes rope or none by mixer."""
+    """The position scheme a model actually uses: `auto` becomes rope or none by mixer.
+
+    Vector tasks get none: the in-context regression prompt is a set of pairs.
+    """
     if cfg.model.positions == "auto":
-        return "rope" if getattr(cfg.mixer, "applies_rope", False) else "none"
+        tokens = cfg.task.input_kind == "tokens"
+        return "rope" if tokens and getattr(cfg.mixer, "applies_rope", False) else "none"
     return cfg.model.positions
 
 
@@ -182,8 +192,15 @@ def _check_together(cfg: Config) -> None:
         cfg.mixer.check(cfg.model.width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.task.input_kind != "tokens":
-        raise ConfigError(f"task {cfg.task.name!r} feeds {cfg.task.input_kind}; this model reads tokens only")
+    vectors = cfg.task.input_kind == "vectors"
+    if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
+        raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "
+                          "with model.read_in=identity (or use model.read_in=learned)")
+    if not vectors and cfg.model.tie_blocks:
+        raise ConfigError("model.tie_blocks=true is implemented for vector tasks only")
+    if getattr(cfg.mixer, "layout", "causal") == "prompt" and getattr(cfg.task, "layout", "causal") != "prompt":
+        raise ConfigError(f"mixer.layout=prompt reads the whole prompt at once, but task {cfg.task.name!r} is "
+                          "read causally; use mixer.layout=causal")
     if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
 
