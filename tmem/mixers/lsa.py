@@ -90,15 +90,18 @@ class LinearSelfAttention(nnx.Module):
         return self.out(o_bthd.reshape(B, -1, H * d)), S
 
 
-def construction_weights(cfg: LSAConfig, width: int, d: int, eta_over_n: float, gamma: float = 0.0) -> dict:
+def construction_weights(cfg: LSAConfig, width: int, d: int, eta_over_n: float, gamma: float = 0.0,
+                         w0=None) -> dict:
     """Proposition 1 as this module's parameters (head 0; other heads zero), for load_weights.
+
+    Tokens are [x (d), y (width - d)]; w0 [width - d, d] is the starting point of GD.
 
     Flax computes x @ kernel, so each kernel is the transpose of the note's matrix.
     """
     d_head = cfg.head_dim or width
     if d_head < width:
         raise ValueError(f"the construction needs mixer.head_dim >= model.width={width}, not {d_head}")
-    m = gd_construction(d, width - d, eta_over_n, gamma=gamma)
+    m = gd_construction(d, width - d, eta_over_n, w0=w0, gamma=gamma)
     inner = cfg.heads * d_head
 
     into_head = lambda M: np.pad(M.T, ((0, 0), (0, inner - width))).astype(np.float32)  # noqa: E731

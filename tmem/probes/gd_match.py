@@ -149,11 +149,11 @@ def gd_match(model, cfg, key, options: dict | None = None) -> tuple[dict, dict]:
     gd = rows[f"gd_{depth}"]
     report.update(gd_loss=gd["loss"], eta=gd["etas"][0], **{k: gd[k] for k in (
         "sensitivity_cosine", "sensitivity_distance", "prediction_diff", "prediction_diff_abs")})
-    if depth > 1:
-        for name in (f"gdpp_{depth}", f"gdpp_layers_{depth}"):
-            key_ = name.replace(f"_{depth}", "")
-            report.update({f"{key_}_loss": rows[name]["loss"], f"{key_}_sensitivity_cosine": rows[name]["sensitivity_cosine"]})
-    report["closest_learner"] = max(rows, key=lambda n: rows[n]["sensitivity_cosine"])
+    for kind in ("gdpp", "gdpp_layers") if depth > 1 else ():
+        row = rows[f"{kind}_{depth}"]
+        report.update({f"{kind}_{k}": row[k] for k in ("loss", "sensitivity_cosine", "prediction_diff")})
+    # by predictions, not cosines: a K-layer model can point where K-step GD points with another length
+    report["closest_learner"] = min(rows, key=lambda n: rows[n]["prediction_diff"])
     one_layer_lsa = depth == 1 and construction_applies(cfg) is None
     report.update(construction_alignment(model, cfg) if one_layer_lsa else {"construction_cosine": None})
     report["learners"] = rows
@@ -187,13 +187,12 @@ def ood(model, cfg, learners: dict, scales, n: int) -> dict:
 
 
 def figures(report: dict, arrays: dict, depth: int) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Loss against steps, model against GD predictions, loss out of range; pyplot-free Figures."""
+    from matplotlib.figure import Figure
 
     curve = report["loss_vs_steps"]
-    fig_k, ax = plt.subplots(figsize=(5, 3.4))
+    fig_k = Figure(figsize=(5, 3.4))
+    ax = fig_k.subplots()
     ax.plot(curve["steps"], curve["gd"], "o-", label="GD")
     ax.plot(curve["steps"], curve["gdpp"], "s-", label="GD++ (shared)")
     if f"gdpp_layers_{depth}" in report["learners"]:
@@ -206,7 +205,8 @@ def figures(report: dict, arrays: dict, depth: int) -> dict:
     ax.legend(fontsize=7)
     fig_k.tight_layout()
 
-    fig_s, ax = plt.subplots(figsize=(4, 4))
+    fig_s = Figure(figsize=(4, 4))
+    ax = fig_s.subplots()
     ref = f"gd_{depth}"
     m, r = arrays["model"][:2000], arrays["learners"][ref][:2000]
     ax.scatter(r, m, s=3, alpha=0.4)
@@ -217,7 +217,8 @@ def figures(report: dict, arrays: dict, depth: int) -> dict:
     fig_s.tight_layout()
 
     o = report["ood"]
-    fig_o, ax = plt.subplots(figsize=(5, 3.4))
+    fig_o = Figure(figsize=(5, 3.4))
+    ax = fig_o.subplots()
     ax.plot(o["scale"], o["model_loss"], "*-", color="k", label="model")
     for key in o:
         if key.endswith("_loss") and key != "model_loss":

@@ -156,7 +156,8 @@ def ridge(X, Y, xq, lam: float = 0.0):
     X, Y, xq = (np.asarray(a, np.float64) for a in (X, Y, xq))
     if lam > 0:
         d = X.shape[-1]
-        w = np.linalg.solve(np.einsum("bnd,bne->bde", X, X) + lam * np.eye(d), np.einsum("bnd,bn->bd", X, Y))
+        gram = np.einsum("bnd,bne->bde", X, X) + lam * np.eye(d)
+        w = np.linalg.solve(gram, np.einsum("bnd,bn->bd", X, Y)[..., None])[..., 0]
     else:
         w = np.einsum("bdn,bn->bd", np.linalg.pinv(X), Y)
     return np.einsum("bd,bd->b", w, xq), w

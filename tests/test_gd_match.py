@@ -1,0 +1,89 @@
+"""The gd_match probe: exact agreement on constructed models, the report through the eval frame,
+and (slow) a trained layer that converges to one GD step."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import TINY_LINREG, run_entry
+from tmem.model import build_model
+from tmem.probes import PROBES
+from tmem.probes import learners as L
+from tmem.probes.gd_construction import load_construction
+from tmem.probes.gd_match import Prompts, compare, figures, fit_learners, gd_match
+
+SMALL = {"fit_tasks": 1024, "gdpp_fit_tasks": 512, "max_steps": 2, "ood_scales": [1.0, 2.0]}
+
+
+def test_compare_is_scale_free():
+    rng = np.random.default_rng(0)
+    pred, sens = rng.normal(size=100), rng.normal(size=(100, 4))
+    same = compare(pred, sens, pred, sens)
+    assert same["sensitivity_cosine"] == pytest.approx(1.0) and same["prediction_diff"] == 0.0
+    scaled = compare(2 * pred, 2 * sens, pred, sens)
+    assert scaled["sensitivity_cosine"] == pytest.approx(1.0)
+    assert scaled["sensitivity_distance"] == pytest.approx(1.0) and scaled["prediction_diff"] == pytest.approx(1.0)
+    flipped = compare(pred, -sens, pred, sens)
+    assert flipped["sensitivity_cosine"] == pytest.approx(-1.0)
+
+
+def test_probe_on_the_constructed_layer_reports_exact_agreement(tiny_cfg, tmp_path):
+    cfg, _ = tiny_cfg(base=TINY_LINREG)
+    model, key = build_model(cfg, cfg.task), jax.random.key(3)
+    X, Y, xq, yq = Prompts.sample(cfg.task, key, SMALL["fit_tasks"]).parts  # the probe's own fit set
+    eta = float(L.one_step_eta(X, Y, xq, yq))
+    load_construction(model, cfg, [eta])
+    report, arrays = gd_match(model, cfg, key, SMALL)
+    assert report["eta"] == pytest.approx(eta, rel=1e-6)
+    assert report["model_loss"] == pytest.approx(report["gd_loss"], rel=1e-5)
+    assert report["prediction_diff"] < 1e-5 and report["sensitivity_distance"] < 1e-5
+    assert report["sensitivity_cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert report["construction_cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert report["construction_eta"] == pytest.approx(eta, rel=1e-5)
+    assert report["closest_learner"] == "gd_1"
+    assert np.allclose(report["ood"]["gd_1_sensitivity_cosine"], 1.0, atol=1e-6)
+    assert report["ood"]["model_loss"][1] > report["ood"]["model_loss"][0]  # GD's eta overshoots out of range
+    assert report["learners"]["least_squares"]["loss"] < 1e-6  # noiseless, N > d
+    assert report["loss_vs_steps"]["gdpp"][1] < report["loss_vs_steps"]["gd"][1] < report["loss_vs_steps"]["gd"][0]
+    json.dumps(report)  # the eval frame writes it as JSON
+    for name, fig in figures(report, arrays, 1).items():
+        fig.savefig(tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+
+
+def test_probe_compares_a_deeper_model_with_gd_plus_plus(tiny_cfg):
+    cfg, _ = tiny_cfg("model.depth=2", "model.tie_blocks=true", base=TINY_LINREG)
+    model, key = build_model(cfg, cfg.task), jax.random.key(3)
+    fitted = fit_learners(Prompts.sample(cfg.task, key, SMALL["fit_tasks"]), 2, 2, SMALL["gdpp_fit_tasks"], 0.0)
+    load_construction(model, cfg, fitted["gdpp_2"]["etas"], fitted["gdpp_2"]["gammas"])
+    report, _ = gd_match(model, cfg, key, SMALL)
+    assert report["gd_steps"] == 2 and report["construction_cosine"] is None
+    assert report["closest_learner"] == "gdpp_2"
+    assert report["gdpp_sensitivity_cosine"] == pytest.approx(1.0, abs=1e-5)
+    assert report["sensitivity_cosine"] < 0.999 and report["gdpp_loss"] < report["gd_loss"]
+    assert report["gdpp_layers_loss"] < report["gd_loss"]  # per-layer fits on 512 tasks may not beat shared ones
+
+
+def test_probe_applies_to_regression_runs_only(tiny_cfg):
+    mqar, _ = tiny_cfg()
+    linreg, _ = tiny_cfg(base=TINY_LINREG)
+    assert "task=linreg" in PROBES["gd_match"].applies(mqar)
+    assert PROBES["gd_match"].applies(linreg) is None
+
+
+@pytest.mark.slow
+def test_one_layer_trained_with_the_commands_converges_to_one_gd_step(tmp_path):
+    """train.py experiment=icl_gd at d = 5, then eval.py: the done-when numbers, smaller."""
+    args = ["experiment=icl_gd", "task.dim=5", "model.width=6", "train.steps=800", "task.heldout_size=4000"]
+    done = run_entry("train.py", *args, "logger=disabled", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_entry("eval.py", f"run={tmp_path}", "probes=[gd_match]", "logger=disabled",
+                     "+options.gd_match.max_steps=2", "+options.gd_match.ood_scales=[1.0,2.0]")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())["gd_match"]
+    assert abs(report["model_loss"] / report["gd_loss"] - 1) < 0.02
+    assert report["sensitivity_cosine"] > 0.99 and report["construction_cosine"] > 0.99
+    for name in ("gd_match_loss_vs_steps", "gd_match_predictions", "gd_match_ood"):
+        assert (tmp_path / "eval" / f"{name}.png").stat().st_size > 0
