@@ -102,7 +102,7 @@ def fit_learners(fit: Prompts, max_steps: int, depth: int, gdpp_tasks: int, nois
         etas, gammas = L.fit_gdpp(*small, [eta] * k, [0.0] * k, per_layer=False)
         learners[f"gdpp_{k}"] = {"etas": etas.tolist(), "gammas": gammas.tolist()}
         if k == depth:
-            etas, gammas = L.fit_gdpp(*small, etas, gammas, per_layer=True)
+            etas, gammas = L.fit_gdpp_layers(*small, float(etas[0]), float(gammas[0]), k)
             learners[f"gdpp_layers_{k}"] = {"etas": etas.tolist(), "gammas": gammas.tolist()}
     learners["least_squares"] = {"lam": 0.0}
     if noise_std > 0:
