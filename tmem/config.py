@@ -103,6 +103,7 @@ class TrainConfig:
     seed: int = 0
     steps: int = 5000
     batch_size: int = 64
+    microbatch: int | None = None  # differentiate at most this many examples at once (same update)
     log_every: int = 50
     eval_every: int = 100
     checkpoint_every: int = 1000
@@ -114,8 +115,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _positive(**{f"train.{f}": getattr(self, f) for f in
-                     ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
-                                  "keep_checkpoints", "stop_after")})
+                     ("steps", "batch_size", "microbatch", "log_every", "eval_every", "checkpoint_every",
+                      "keep_checkpoints", "stop_after")})
+        if self.microbatch is not None and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
+            raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
 
 
 def position_scheme(cfg) -> str:
