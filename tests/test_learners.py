@@ -58,7 +58,7 @@ def test_gdpp_fit_beats_gd_and_finds_the_published_gamma():
     gdpp = float(L.half_mse(L.token_gd(X, Y, xq, etas, gammas), yq))
     assert gdpp < 0.8 * gd
     assert 0.15 < gammas[0] < 0.2  # von Oswald A.10: 0.179 for trained recurrent 2-layer models
-    etas2, gammas2 = L.fit_gdpp_layers(X, Y, xq, yq, float(etas[0]), float(gammas[0]), 2)
+    etas2, gammas2 = L.fit_gdpp_layers((X, Y, xq, yq), float(etas[0]), float(gammas[0]), 2)
     assert float(L.half_mse(L.token_gd(X, Y, xq, etas2, gammas2), yq)) < 0.85 * gdpp  # the better minimum
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tmem.config import ConfigError
+from tmem.config import ConfigError, read_in_scheme
 from tmem.model import build_model, load_weights
 from tmem.vector_model import VectorModel
 
@@ -63,8 +63,8 @@ def test_other_models_read_the_task(tiny_cfg, overrides):
 
 @pytest.mark.parametrize("overrides, message", [
     (("model.width=8",), "model.width=8 must equal the task's token size 5 with model.read_in=identity"),
-    (("task.format=garg",), "mixer.layout=prompt reads the whole prompt at once"),
-    (("model.read_in=sideways",), "model.read_in='sideways' is not one of: identity, learned"),
+    (("task.format=garg", "mixer.layout=prompt"), "mixer.layout=prompt reads the whole prompt at once"),
+    (("model.read_in=sideways",), "model.read_in='sideways' is not one of: auto, identity, learned"),
 ])
 def test_config_errors_are_one_line(tiny_cfg, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -75,4 +75,17 @@ def test_token_tasks_reject_vector_only_options(tiny_cfg):
     with pytest.raises(ConfigError, match="model.tie_blocks=true is implemented for vector tasks only"):
         tiny_cfg("model.tie_blocks=true")
     with pytest.raises(ConfigError, match="mixer.layout=prompt"):
-        tiny_cfg("mixer=lsa", "mixer.heads=1")
+        tiny_cfg("mixer=lsa", "mixer.heads=1", "mixer.layout=prompt")
+
+
+@pytest.mark.parametrize("overrides, layout, read_in", [
+    ((), "prompt", "identity"),
+    (("task.format=garg",), "causal", "identity"),
+    (("model.width=16",), "prompt", "learned"),
+])
+def test_auto_layout_and_read_in_follow_the_task(tiny_cfg, overrides, layout, read_in):
+    cfg, _ = linreg_cfg(tiny_cfg, "model.read_in=auto", *overrides)
+    assert cfg.mixer.layout == layout and read_in_scheme(cfg) == read_in
+    assert build_model(cfg, cfg.task).identity == (read_in == "identity")
+    mqar, _ = tiny_cfg("mixer=lsa", "mixer.heads=1")
+    assert mqar.mixer.layout == "causal"  # causal linear attention on a token task

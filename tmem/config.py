@@ -45,15 +45,16 @@ class ModelConfig:
     embed_std: float = 1.0  # init scale of the token embedding
     # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
     # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);
-    # learned: a linear read-in to the width and a linear read-out after the final norm.
-    read_in: str = "identity"
+    # learned: a linear read-in to the width and a linear read-out after the final norm;
+    # auto: identity when the width is the token size, else learned.
+    read_in: str = "auto"
     tie_blocks: bool = False  # vector tasks only: one block applied `depth` times (a looped model)
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
         _choice("model.positions", self.positions, ("auto", "rope", "learned", "none"))
         _choice("model.norm", self.norm, NORMS)
-        _choice("model.read_in", self.read_in, ("identity", "learned"))
+        _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +133,13 @@ def position_scheme(cfg) -> str:
     return cfg.model.positions
 
 
+def read_in_scheme(cfg) -> str:
+    """How a vector task's tokens enter the model: `auto` becomes identity or learned by width."""
+    if cfg.model.read_in == "auto":
+        return "identity" if cfg.model.width == cfg.task.token_dim else "learned"
+    return cfg.model.read_in
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     task: Any
@@ -183,6 +191,8 @@ def validate(cfg: DictConfig) -> Config:
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
     mixer_schema, _ = MIXERS[_registered("mixer", cfg.mixer, MIXERS)]
     mixer = parse_group("mixer", mixer_schema, cfg.mixer)
+    if getattr(mixer, "layout", None) == "auto":  # read the way the task's prompt allows
+        mixer = dataclasses.replace(mixer, layout=getattr(task, "layout", "causal"))
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
     _check_together(config)
@@ -203,7 +213,7 @@ def _check_together(cfg: Config) -> None:
         raise ConfigError("model.tie_blocks=true is implemented for vector tasks only")
     if getattr(cfg.mixer, "layout", "causal") == "prompt" and getattr(cfg.task, "layout", "causal") != "prompt":
         raise ConfigError(f"mixer.layout=prompt reads the whole prompt at once, but task {cfg.task.name!r} is "
-                          "read causally; use mixer.layout=causal")
+                          "read causally; use mixer.layout=causal or auto")
     if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from tmem.config import Config, position_scheme
+from tmem.config import Config, position_scheme, read_in_scheme
 from tmem.layers import make_norm
 from tmem.model import Block
 
@@ -24,7 +24,7 @@ class VectorModel(nnx.Module):
     def __init__(self, cfg: Config, token_dim: int, max_len: int, *, rngs: nnx.Rngs):
         m = cfg.model
         self.depth = m.depth
-        self.identity = m.read_in == "identity"
+        self.identity = read_in_scheme(cfg) == "identity"
         self.read_in = None if self.identity else nnx.Linear(token_dim, m.width, rngs=rngs)
         self.pos_embed = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, m.width)))
                           if position_scheme(cfg) == "learned" else None)

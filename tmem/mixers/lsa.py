@@ -17,7 +17,7 @@ from flax import nnx
 
 from tmem.memory.lsa import causal_read, gd_construction, prompt_read
 
-LAYOUTS = ("prompt", "causal")
+LAYOUTS = ("auto", "prompt", "causal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,9 @@ class LSAConfig:
     heads: int = 1
     head_dim: int | None = None  # d_k = d_v per head; None means the model width (the paper's square W_Q, W_K, W_V)
     # prompt: non-causal, every token reads the store written by all tokens but the last (the query);
-    # causal: token t reads the writes of tokens s <= t (causal linear attention, identity features)
-    layout: str = "prompt"
+    # causal: token t reads the writes of tokens s <= t (causal linear attention, identity features);
+    # auto: the task's own layout (prompt for the von Oswald prompt, causal otherwise), set by validation
+    layout: str = "auto"
     init_scale: float | None = 0.002  # fan-in variance scale, truncated normal (von Oswald: 0.002 / depth); None: Flax default
 
     applies_rope: ClassVar[bool] = False
@@ -78,7 +79,7 @@ class LinearSelfAttention(nnx.Module):
         v = self.value(x_btd).reshape(B, T, H, d)
         x_q = x_btd if read_at is None else jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
         q = self.query(x_q).reshape(B, -1, H, d)
-        if self.cfg.layout == "prompt":
+        if self.cfg.layout == "prompt":  # (config validation has replaced auto by the task's layout)
             if state is not None:
                 raise ValueError("mixer.layout=prompt reads one whole prompt; it cannot continue from a state")
             o_bthd, S = prompt_read(q, k, v, T - 1)

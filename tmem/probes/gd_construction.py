@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tmem.config import read_in_scheme
 from tmem.memory.lsa import gd_construction
 from tmem.mixers.lsa import construction_weights
 from tmem.model import load_weights
@@ -28,7 +29,7 @@ def construction_applies(cfg) -> str | None:
     m = cfg.model
     if cfg.mixer.name != "lsa":
         return f"mixer {cfg.mixer.name!r} is not linear self-attention"
-    if m.read_in != "identity" or m.norm != "none" or cfg.mlp.name != "none":
+    if read_in_scheme(cfg) != "identity" or m.norm != "none" or cfg.mlp.name != "none":
         return "needs model.read_in=identity, model.norm=none and mlp=none (the paper's LSA-only model)"
     if cfg.mixer.layout != "prompt" or cfg.task.format != "vonoswald":
         return "needs the von Oswald prompt read with mixer.layout=prompt"

@@ -35,7 +35,8 @@ from tmem.probes.gd_construction import construction_alignment, construction_app
 DEFAULTS = {
     "tasks": None,  # held-out tasks to evaluate on; None = all of the task's held-out set
     "fit_tasks": 4096,  # tasks the step sizes are fitted on (a key disjoint from the held-out seed)
-    "gdpp_fit_tasks": 2048,  # of those, the ones GD++ is fitted on (its fit is the slow part)
+    "gdpp_fit_tasks": 2048,  # of those, the ones GD++ is fitted on (its fit is the slow part); the rest
+    # choose between the per-layer fit's starts
     "max_steps": 3,  # GD and GD++ of 1..max(max_steps, depth) steps for the loss-vs-K figure
     "ood_scales": [0.5, 1.0, 1.5, 2.0, 3.0],  # multiples of task.input_range
 }
@@ -96,13 +97,14 @@ def fit_learners(fit: Prompts, max_steps: int, depth: int, gdpp_tasks: int, nois
     eta_1 = float(L.one_step_eta(X, Y, xq, yq))
     learners = {"gd_1": {"etas": [eta_1], "gammas": None}}
     small = tuple(a[:gdpp_tasks] for a in fit.parts)
+    rest = tuple(a[gdpp_tasks:] for a in fit.parts) if fit.x.shape[0] > gdpp_tasks else None
     for k in range(2, max(max_steps, depth) + 1):
         eta = L.search_eta(X, Y, xq, yq, k, eta_max=2 * eta_1)
         learners[f"gd_{k}"] = {"etas": [eta] * k, "gammas": None}
         etas, gammas = L.fit_gdpp(*small, [eta] * k, [0.0] * k, per_layer=False)
         learners[f"gdpp_{k}"] = {"etas": etas.tolist(), "gammas": gammas.tolist()}
         if k == depth:
-            etas, gammas = L.fit_gdpp_layers(*small, float(etas[0]), float(gammas[0]), k)
+            etas, gammas = L.fit_gdpp_layers(small, float(etas[0]), float(gammas[0]), k, validation=rest)
             learners[f"gdpp_layers_{k}"] = {"etas": etas.tolist(), "gammas": gammas.tolist()}
     learners["least_squares"] = {"lam": 0.0}
     if noise_std > 0:

@@ -116,18 +116,22 @@ def fit_gdpp(X, Y, xq, yq, etas, gammas, *, per_layer: bool, iterations: int = 3
     return tuple(np.asarray(a) for a in _unpack(p, units, etas.shape[0]))
 
 
-def fit_gdpp_layers(X, Y, xq, yq, eta: float, gamma: float, steps: int):
-    """Per-layer GD++ from the shared fit (eta, gamma), keeping the best of a few starts.
+def fit_gdpp_layers(fit, eta: float, gamma: float, steps: int, validation=None):
+    """Per-layer GD++ from the shared fit (eta, gamma): the best of a few starts.
 
-    The per-layer loss has several minima: at d = N = 10 with two steps the
-    shared start ends near eta = (21, 11) at loss 0.101, while a start that
-    preconditions more first and steps further last, eta growing from 0.3 eta
-    to 3 eta and gamma doubled, ends near eta = (4, 37), gamma_1 = 0.41 at 0.090.
-    The last step's gamma never reaches the prediction and stays where it starts.
+    fit and validation are (X, Y, x_q, y_q). The per-layer loss has several
+    minima: at d = N = 10 with two steps the shared start ends near eta =
+    (21, 11) at loss 0.101, while a start that preconditions more first and
+    steps further last (eta growing from 0.3 eta to 3 eta, gamma doubled) ends
+    near eta = (4, 37), gamma_1 = 0.41 at 0.090. Long last steps sit close to
+    divergence on the tasks with the largest X^T X, so at small d the better fit
+    can generalise worse; the starts are compared on the validation tasks when
+    given. The last step's gamma never reaches the prediction and stays as it starts.
     """
     ramp = np.geomspace(0.3, 3.0, steps) if steps > 1 else np.ones(1)
     starts = [([eta] * steps, [gamma] * steps), (list(eta * ramp), [2 * gamma] * steps)]
-    fits = [fit_gdpp(X, Y, xq, yq, e, g, per_layer=True) for e, g in starts]
+    fits = [fit_gdpp(*fit, e, g, per_layer=True) for e, g in starts]
+    X, Y, xq, yq = fit if validation is None else validation
     losses = [float(half_mse(token_gd(X, Y, xq, e, g), yq)) for e, g in fits]
     return fits[int(np.nanargmin(losses))]
 
