@@ -41,7 +41,7 @@ class ModelConfig:
     depth: int = 2
     positions: str = "auto"  # auto (rope where the mixer applies it, else none), rope, learned, none
     norm: str = "layernorm"
-    tie_embeddings: bool = True
+    tie_embeddings: bool = False
     embed_std: float = 1.0  # init scale of the token embedding
 
     def __post_init__(self):
