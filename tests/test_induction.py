@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
+from tasks import Batch
 from tmem.config import LoggerConfig, validate
 from tmem.model import build_model, load_weights
 from tmem.probes import PROBES, ProbeInput
@@ -69,6 +70,17 @@ def test_hand_built_circuit_is_found_and_its_parts_named(handbuilt_report):
     assert report["second_copy_loss"] < 0.01 and report["first_copy_loss"] > 1.0
     # on random text a confident copier is wrong wherever a token repeats by chance, so no sign is asserted
     assert report["icl_score"] == pytest.approx(report["icl_late_loss"] - report["icl_early_loss"])
+
+
+def test_icl_score_of_a_copier_on_one_long_repeat():
+    from tmem.probes.heads import repeated_tokens
+    from tmem.probes.induction import icl_score
+
+    cfg, model = induction_model()
+    tokens = repeated_tokens(jax.random.key(3), 8, V, 15)  # T = 31: early [3, 6) first copy, late [24, 30) second
+    icl = icl_score(model, Batch(inputs=tokens, targets=tokens, mask=tokens), 8)
+    assert icl["icl_late_loss"] < 0.01 and icl["icl_early_loss"] > 1.0
+    assert icl["icl_score"] == pytest.approx(icl["icl_late_loss"] - icl["icl_early_loss"])
 
 
 def test_ablation_separates_the_circuit_from_idle_heads(handbuilt_report):

@@ -1,7 +1,7 @@
 """Did induction heads form, which heads are they, and when: the `induction` probe.
 
     python eval.py run=<run dir> 'probes=[induction]'
-    python eval.py run=<run dir> 'probes=[induction]' 'options.induction.periods=[8,13,20]'
+    python eval.py run=<run dir> 'probes=[induction]' '+options.induction.periods=[8,13,20]'
 
 Per head it reads the prefix-matching (induction), duplicate-token and
 previous-token scores on [BOS] + R + R (heads.py), the copying score and
