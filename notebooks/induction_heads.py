@@ -16,13 +16,13 @@
 # Which heads of a run are induction heads, what their attention looks like on
 # repeated random tokens, and at which step they formed. Train a run first:
 #
-#     python train.py experiment=induction_heads hydra.run.dir=runs/induction
+#     python train.py experiment=induction_heads hydra.run.dir=runs/ih
 #
-# then set `run_dir` below (papermill: `-p run_dir runs/induction`). Every number
+# then set `run_dir` below (papermill: `-p run_dir runs/ih`). Every number
 # here comes from `tmem.probes.induction`, the same code `eval.py` runs.
 
 # %% tags=["parameters"]
-run_dir = "runs/induction"  # a training run directory (the one holding checkpoints/)
+run_dir = "runs/ih"  # a training run directory (the one holding checkpoints/)
 step = None  # the checkpoint to read; None means the latest
 periods = [10, 20]  # lengths of the repeated segment R in [BOS] + R + R
 seed = 0
