@@ -2,9 +2,13 @@
 
 from tasks.base import Batch, Task, heldout, token_loss
 from tasks.mqar import MQAR
+from tasks.repeat import Repeat
+from tasks.triggers import Triggers
 
 TASKS: dict[str, type] = {
     "mqar": MQAR,
+    "repeat": Repeat,
+    "triggers": Triggers,
 }
 
 __all__ = ["Batch", "Task", "TASKS", "heldout", "token_loss"]
