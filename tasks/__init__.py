@@ -3,9 +3,13 @@
 from tasks.base import Batch, Task, heldout, token_loss
 from tasks.linreg import LinReg
 from tasks.mqar import MQAR
+from tasks.repeat import Repeat
+from tasks.triggers import Triggers
 
 TASKS: dict[str, type] = {
     "mqar": MQAR,
+    "repeat": Repeat,
+    "triggers": Triggers,
     "linreg": LinReg,
 }
 

@@ -16,8 +16,8 @@ def test_known_applicable_probes_pass():
 
 
 @pytest.mark.parametrize("names, cfg, message", [
-    ([], MQAR_RUN, "probes: name at least one; allowed: mqar_distance, gd_match"),
-    (["nope"], MQAR_RUN, "probes: unknown probe 'nope'; allowed: mqar_distance, gd_match"),
+    ([], MQAR_RUN, "probes: name at least one; allowed: mqar_distance, induction, gd_match"),
+    (["nope"], MQAR_RUN, "probes: unknown probe 'nope'; allowed: mqar_distance, induction, gd_match"),
     (["mqar_distance"], None, "probe 'mqar_distance' needs a trained model: pass run=<run dir>"),
     (["mqar_distance"], OTHER_RUN, "probe 'mqar_distance' does not apply to this run: needs an MQAR run, not 'repeat'"),
 ])

@@ -39,10 +39,13 @@ def _positive(**fields) -> None:
 class ModelConfig:
     width: int = 64
     depth: int = 2
-    positions: str = "auto"  # auto (rope where the mixer applies it, else none), rope, learned, none
+    # auto (rope where the mixer applies it, else none), rope, learned (added to the residual stream), none,
+    # shortformer (learned, added only to the query and key inputs of every mixer)
+    positions: str = "auto"
     norm: str = "layernorm"
-    tie_embeddings: bool = True
+    tie_embeddings: bool = False
     embed_std: float = 1.0  # init scale of the token embedding
+    pos_std: float = 0.02  # init scale of the learned (or shortformer) position table
     # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
     # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);
     # learned: a linear read-in to the width and a linear read-out after the final norm;
@@ -52,7 +55,7 @@ class ModelConfig:
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
-        _choice("model.positions", self.positions, ("auto", "rope", "learned", "none"))
+        _choice("model.positions", self.positions, ("auto", "rope", "learned", "none", "shortformer"))
         _choice("model.norm", self.norm, NORMS)
         _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
 
@@ -216,6 +219,9 @@ def _check_together(cfg: Config) -> None:
                           "read causally; use mixer.layout=causal or auto")
     if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
+    if cfg.model.positions == "shortformer" and not getattr(cfg.mixer, "takes_qk_positions", False):
+        raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
+                          "to add positions to; use learned or none")
 
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
