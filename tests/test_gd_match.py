@@ -1,6 +1,7 @@
 """The gd_match probe: exact agreement on constructed models, the report through the eval frame,
 and (slow) a trained layer that converges to one GD step."""
 
+import dataclasses
 import json
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_LINREG, run_entry
+from tasks.linreg import LinReg
 from tmem.model import build_model
 from tmem.probes import PROBES
 from tmem.probes import learners as L
@@ -29,13 +31,22 @@ def test_compare_is_scale_free():
     assert flipped["sensitivity_cosine"] == pytest.approx(-1.0)
 
 
+def test_scaled_prompts_are_the_task_with_a_wider_input_range():
+    task = LinReg(dim=3, num_examples=5, noise_std=0.1)
+    key = jax.random.key(0)
+    scaled = Prompts.sample(task, key, 32).scaled(2.5)
+    wide = Prompts.sample(dataclasses.replace(task, input_range=2.5), key, 32)
+    for a, b in ((scaled.x, wide.x), (scaled.y, wide.y)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_probe_on_the_constructed_layer_reports_exact_agreement(tiny_cfg, tmp_path):
     cfg, _ = tiny_cfg(base=TINY_LINREG)
     model, key = build_model(cfg, cfg.task), jax.random.key(3)
     X, Y, xq, yq = Prompts.sample(cfg.task, key, SMALL["fit_tasks"]).parts  # the probe's own fit set
     eta = float(L.one_step_eta(X, Y, xq, yq))
     load_construction(model, cfg, [eta])
-    report, arrays = gd_match(model, cfg, key, SMALL)
+    report, arrays = gd_match(model, cfg, key, {**SMALL, "max_steps": 1})  # GD++ is the next test's
     assert report["eta"] == pytest.approx(eta, rel=1e-6)
     assert report["model_loss"] == pytest.approx(report["gd_loss"], rel=1e-5)
     assert report["prediction_diff"] < 1e-5 and report["sensitivity_distance"] < 1e-5
@@ -46,7 +57,7 @@ def test_probe_on_the_constructed_layer_reports_exact_agreement(tiny_cfg, tmp_pa
     assert np.allclose(report["ood"]["gd_1_sensitivity_cosine"], 1.0, atol=1e-6)
     assert report["ood"]["model_loss"][1] > report["ood"]["model_loss"][0]  # GD's eta overshoots out of range
     assert report["learners"]["least_squares"]["loss"] < 1e-6  # noiseless, N > d
-    assert report["loss_vs_steps"]["gdpp"][1] < report["loss_vs_steps"]["gd"][1] < report["loss_vs_steps"]["gd"][0]
+    assert report["loss_vs_steps"] == {"steps": [1], "gd": [report["gd_loss"]], "gdpp": [report["gd_loss"]]}
     json.dumps(report)  # the eval frame writes it as JSON
     for name, fig in figures(report, arrays, 1).items():
         fig.savefig(tmp_path / f"{name}.png")
@@ -63,6 +74,8 @@ def test_probe_compares_a_deeper_model_with_gd_plus_plus(tiny_cfg):
     assert report["closest_learner"] == "gdpp_2"
     assert report["gdpp_sensitivity_cosine"] == pytest.approx(1.0, abs=1e-5)
     assert report["sensitivity_cosine"] < 0.999 and report["gdpp_loss"] < report["gd_loss"]
+    curve = report["loss_vs_steps"]
+    assert curve["gdpp"][1] < curve["gd"][1] < curve["gd"][0]
     layers = report["learners"]["gdpp_layers_2"]
     assert len(layers["etas"]) == len(layers["gammas"]) == 2 and np.isfinite(report["gdpp_layers_loss"])
 

@@ -51,7 +51,7 @@ def test_closed_form_step_size_matches_the_search_and_the_published_loss():
 
 
 def test_gdpp_fit_beats_gd_and_finds_the_published_gamma():
-    X, Y, xq, yq = parts(n=2048)
+    X, Y, xq, yq = parts(n=1024)
     eta = L.search_eta(X, Y, xq, yq, 2, 12.0)
     gd = float(L.half_mse(L.token_gd(X, Y, xq, [eta] * 2), yq))
     etas, gammas = L.fit_gdpp(X, Y, xq, yq, [eta] * 2, [0.0] * 2, per_layer=False)

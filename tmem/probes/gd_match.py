@@ -46,16 +46,27 @@ DEFAULTS = {
 class Prompts:
     x: jax.Array  # [B, N+1, d], the query last
     y: jax.Array  # [B, N+1]
+    w: jax.Array  # [B, d], the teachers
 
     @classmethod
     def sample(cls, task, key, n: int) -> "Prompts":
-        batch = jax.jit(task.sample, static_argnums=1)(key, n)
-        return cls(batch.meta["x"], batch.meta["y"])
+        batch = _sample(task, key, n)
+        return cls(batch.meta["x"], batch.meta["y"], batch.meta["w"])
+
+    def scaled(self, s: float) -> "Prompts":
+        """The same tasks with every x times s (labels follow, noise stays): out of the training range."""
+        clean = jnp.einsum("bnd,bd->bn", self.x, self.w)
+        return Prompts(s * self.x, self.y + (s - 1.0) * clean, self.w)
 
     @property
     def parts(self):
         """(X, Y, x_q, y_q) as the learners take them."""
         return self.x[:, :-1], self.y[:, :-1], self.x[:, -1], self.y[:, -1]
+
+
+@partial(jax.jit, static_argnums=(0, 2))
+def _sample(task, key, n: int):
+    return task.sample(key, n)
 
 
 def model_outputs(model, task, prompts: Prompts, chunk: int = 2000):
@@ -162,22 +173,21 @@ def gd_match(model, cfg, key, options: dict | None = None) -> tuple[dict, dict]:
     steps = list(range(1, max(opts["max_steps"], depth) + 1))
     report["loss_vs_steps"] = {"steps": steps, "gd": [rows[f"gd_{k}"]["loss"] for k in steps],
                                "gdpp": [rows[f"gdpp_{k}" if k > 1 else "gd_1"]["loss"] for k in steps]}
-    report["ood"] = ood(model, cfg, learners, opts["ood_scales"], evals.x.shape[0])
+    report["ood"] = ood(model, cfg, learners, opts["ood_scales"], evals)
     return report, {"model": pred, "learners": preds, "y": yq}
 
 
-def ood(model, cfg, learners: dict, scales, n: int) -> dict:
+def ood(model, cfg, learners: dict, scales, evals: Prompts) -> dict:
     """Loss and alignment with x scaled by each factor, GD keeping its in-range step size (von Oswald A.2)."""
-    depth, task = cfg.model.depth, cfg.task
+    depth = cfg.model.depth
     names = [f"gd_{depth}"] + ([f"gdpp_{depth}"] if depth > 1 else [])
     out = {"scale": list(scales), "model_loss": []}
     for name in names:
         out.update({f"{name}_loss": [], f"{name}_sensitivity_cosine": [], f"{name}_prediction_diff": []})
     for s in scales:
-        scaled = dataclasses.replace(task, input_range=s * task.input_range)
-        prompts = Prompts.sample(scaled, jax.random.key(task.heldout_seed), n)
+        prompts = evals.scaled(s)
         yq = np.asarray(prompts.y[:, -1])
-        pred, sens = model_outputs(model, task, prompts)  # the prompt format does not depend on the scale
+        pred, sens = model_outputs(model, cfg.task, prompts)
         out["model_loss"].append(_loss(pred, yq))
         for name in names:
             p, g = predict(learners[name], prompts)
