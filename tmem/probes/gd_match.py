@@ -180,7 +180,7 @@ def gd_match(model, cfg, key, options: dict | None = None) -> tuple[dict, dict]:
 def ood(model, cfg, learners: dict, scales, evals: Prompts) -> dict:
     """Loss and alignment with x scaled by each factor, GD keeping its in-range step size (von Oswald A.2)."""
     depth = cfg.model.depth
-    names = [f"gd_{depth}"] + ([f"gdpp_{depth}"] if depth > 1 else [])
+    names = [f"gd_{depth}"] + ([f"gdpp_{depth}", f"gdpp_layers_{depth}"] if depth > 1 else [])
     out = {"scale": list(scales), "model_loss": []}
     for name in names:
         out.update({f"{name}_loss": [], f"{name}_sensitivity_cosine": [], f"{name}_prediction_diff": []})
@@ -209,7 +209,8 @@ def figures(report: dict, arrays: dict, depth: int) -> dict:
     ax.plot(curve["steps"], curve["gdpp"], "s-", label="GD++ (shared)")
     if f"gdpp_layers_{depth}" in report["learners"]:
         ax.plot([depth], [report["learners"][f"gdpp_layers_{depth}"]["loss"]], "D", label="GD++ (per layer)")
-    ax.plot([depth], [report["model_loss"]], "*", ms=14, color="k", label=f"model ({depth} layer{'s' * (depth > 1)})")
+    ax.plot([depth], [report["model_loss"]], "*", ms=16, color="k", mfc="none", zorder=3,  # hollow: learners show
+            label=f"model ({depth} layer{'s' * (depth > 1)})")
     ax.axhline(report["zero_loss"], ls=":", color="gray", label="predict 0")
     ax.axhline(report["learners"]["least_squares"]["loss"], ls="--", color="gray", lw=0.8, label="least squares")
     ax.set(xlabel="steps K", ylabel="held-out loss (half MSE)", xticks=curve["steps"], ylim=(0, None),
@@ -243,7 +244,8 @@ def figures(report: dict, arrays: dict, depth: int) -> dict:
 
 def _label(name: str) -> str:
     kind, _, steps = name.rpartition("_")
-    return f"{'GD++' if kind == 'gdpp' else 'GD'}, {steps} step{'s' * (steps != '1')} (eta fitted in range)"
+    learner = {"gd": "GD", "gdpp": "GD++", "gdpp_layers": "GD++ per layer"}[kind]
+    return f"{learner}, {steps} step{'s' * (steps != '1')} (fitted in range)"
 
 
 def run(inp: ProbeInput):
