@@ -85,6 +85,8 @@ def test_probe_applies_to_regression_runs_only(tiny_cfg):
     linreg, _ = tiny_cfg(base=TINY_LINREG)
     assert "task=linreg" in PROBES["gd_match"].applies(mqar)
     assert PROBES["gd_match"].applies(linreg) is None
+    softmax, _ = tiny_cfg("mixer=softmax", "mixer.heads=1", base=TINY_LINREG)
+    assert "needs a token task" in PROBES["induction"].applies(softmax)  # a vector run has no vocabulary
 
 
 @pytest.mark.slow
