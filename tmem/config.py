@@ -67,7 +67,7 @@ class MLPConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 3e-3
+    lr: float | None = None  # None: the mixer's recommended rate (mixer.lr); rows differ several-fold
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
@@ -182,6 +182,10 @@ def validate(cfg: DictConfig) -> Config:
     mixer_schema, _ = MIXERS[_registered("mixer", cfg.mixer, MIXERS)]
     mixer = parse_group("mixer", mixer_schema, cfg.mixer)
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
+    if fixed["optim"].lr is None:
+        if getattr(mixer, "lr", None) is None:
+            raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
+        fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
     _check_together(config)
     return config
