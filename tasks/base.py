@@ -47,6 +47,26 @@ class Task(Protocol):
     def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
 
 
+class TokenTask:
+    """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example`."""
+
+    input_kind = "tokens"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def sample(self, key: jax.Array, batch_size: int) -> Batch:
+        return jax.vmap(self._example)(jax.random.split(key, batch_size))
+
+
+def check(*conditions: tuple[bool, str]) -> None:
+    """Raise the message of the first failing condition: a task's one-line config error."""
+    for ok, message in conditions:
+        if not ok:
+            raise ValueError(message)
+
+
 def heldout(task: Task) -> Batch:
     """The task's fixed held-out set: its own seed, never a training key."""
     return task.sample(jax.random.key(task.heldout_seed), task.heldout_size)

@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Batch
+from tasks.base import Batch, check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class LinReg:
     higher_is_better = False
 
     def __post_init__(self):
-        checks = [
+        check(
             (self.dim >= 1 and self.num_examples >= 1, "task.dim and task.num_examples must be positive"),
             (self.input_dist in ("uniform", "normal"), "task.input_dist must be uniform or normal"),
             (self.input_range > 0, "task.input_range must be positive"),
@@ -54,10 +54,7 @@ class LinReg:
             (self.score in ("query", "every"), "task.score must be query or every"),
             (self.score == "query" or self.format == "garg",
              "task.score=every needs task.format=garg: in the von Oswald prompt every pair shows its own label"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        )
 
     @property
     def token_dim(self) -> int:

@@ -27,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Batch, token_loss
+from tasks.base import Batch, TokenTask, check, token_loss
 
 
 def _distinct(key: jax.Array, low: int, high: int, k: int) -> jax.Array:
@@ -36,7 +36,7 @@ def _distinct(key: jax.Array, low: int, high: int, k: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class MQAR:
+class MQAR(TokenTask):
     vocab: int = 256
     seq_len: int = 64
     num_kv_pairs: int = 4
@@ -47,30 +47,19 @@ class MQAR:
     heldout_seed: int = 2**31 - 1
 
     name = "mqar"
-    input_kind = "tokens"
     target_metric = "accuracy"  # train.target applies to eval/accuracy, higher is better
     higher_is_better = True
 
     def __post_init__(self):
         context = 2 * self.num_kv_pairs * self.num_passes
-        checks = [
+        check(
             (self.seq_len % 2 == 0, "task.seq_len must be even"),
             (self.vocab > self.seq_len, "task.vocab must exceed task.seq_len"),
             (context + 2 * self.num_kv_pairs <= self.seq_len,
              "task.num_kv_pairs too large: need 2*kv*num_passes + 2*kv <= seq_len"),
             (self.num_kv_pairs <= self.vocab // 2 - 1, "task.num_kv_pairs exceeds the key vocabulary V/2 - 1"),
             (0 < self.power_a <= 1, "task.power_a must be in (0, 1]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    def sample(self, key: jax.Array, batch_size: int) -> Batch:
-        return jax.vmap(self._example)(jax.random.split(key, batch_size))
+        )
 
     def _example(self, key: jax.Array) -> Batch:
         kv, T, V = self.num_kv_pairs, self.seq_len, self.vocab

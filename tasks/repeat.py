@@ -23,13 +23,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Batch, token_loss
+from tasks.base import Batch, TokenTask, check, token_loss
 
 BOS = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class Repeat:
+class Repeat(TokenTask):
     vocab: int = 64
     seq_len: int = 64
     min_period: int = 8
@@ -39,27 +39,16 @@ class Repeat:
     heldout_seed: int = 2**31 - 1
 
     name = "repeat"
-    input_kind = "tokens"
     target_metric = "copy_accuracy"  # accuracy on the predictable second-copy targets
     higher_is_better = True
 
     def __post_init__(self):
-        checks = [
+        check(
             (self.vocab >= 3, "task.vocab must be at least 3 (BOS and two tokens)"),
             (2 <= self.min_period <= self.max_period, "task.min_period must be in [2, task.max_period]"),
             (2 * self.max_period <= self.seq_len, "task.max_period too large: need 2 * max_period <= seq_len"),
             (self.loss_on in ("second_copy", "all"), "task.loss_on must be one of: second_copy, all"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
-
-    def sample(self, key: jax.Array, batch_size: int) -> Batch:
-        return jax.vmap(self._example)(jax.random.split(key, batch_size))
+        )
 
     def _example(self, key: jax.Array) -> Batch:
         T = self.seq_len

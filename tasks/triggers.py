@@ -26,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.base import Batch, token_loss
+from tasks.base import Batch, TokenTask, check, token_loss
 from tasks.repeat import BOS
 
 
 @dataclasses.dataclass(frozen=True)
-class Triggers:
+class Triggers(TokenTask):
     vocab: int = 64
     seq_len: int = 128
     num_triggers: int = 3
@@ -42,25 +42,17 @@ class Triggers:
     heldout_seed: int = 2**31 - 1
 
     name = "triggers"
-    input_kind = "tokens"
     target_metric = "output_accuracy"  # accuracy on the in-context predictable outputs
     higher_is_better = True
 
     def __post_init__(self):
-        checks = [
+        check(
             (self.vocab >= 3, "task.vocab must be at least 3 (BOS and two tokens)"),
             (1 <= self.num_triggers < self.vocab - 1, "task.num_triggers must be in [1, vocab - 2]"),
             (self.dirichlet_alpha > 0, "task.dirichlet_alpha must be positive"),
             (self.seq_len >= 2, "task.seq_len must be at least 2"),
             (self.loss_on in ("outputs", "all"), "task.loss_on must be one of: outputs, all"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
+        )
 
     @functools.cached_property
     def bigram(self) -> np.ndarray:
@@ -81,9 +73,6 @@ class Triggers:
                 break
             p = nxt
         return nxt / nxt.sum()
-
-    def sample(self, key: jax.Array, batch_size: int) -> Batch:
-        return jax.vmap(self._example)(jax.random.split(key, batch_size))
 
     def _example(self, key: jax.Array) -> Batch:
         T, V, K = self.seq_len, self.vocab, self.num_triggers

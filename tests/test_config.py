@@ -76,3 +76,8 @@ def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in done.stderr
     assert not (Path(tmp_path) / "checkpoints").exists()
+
+
+def test_learning_rate_defaults_to_the_mixers_and_a_set_one_wins():
+    assert validate(compose_config([])).optim.lr == validate(compose_config([])).mixer.lr
+    assert validate(compose_config(["optim.lr=3e-4"])).optim.lr == 3e-4

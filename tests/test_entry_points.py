@@ -76,7 +76,7 @@ def test_eval_restores_any_checkpoint_step(tiny_run):
 @pytest.mark.parametrize("args, message", [
     (["run={tmp}/nothing"], "error: run={tmp}/nothing: no such directory"),
     (["run={tmp}"], "has no checkpoints/ folder"),
-    (["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance"),
+    (["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance, "),
     (["probes=[mqar_distance]"], "error: probe 'mqar_distance' needs a trained model: pass run=<run dir>"),
 ])
 def test_eval_errors_are_one_line(tiny_run, tmp_path, args, message):

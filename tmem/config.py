@@ -39,8 +39,8 @@ def _positive(**fields) -> None:
 class ModelConfig:
     width: int = 64
     depth: int = 2
-    # auto (rope where the mixer applies it, else none), rope, learned (added to the residual stream), none,
-    # shortformer (learned, added only to the query and key inputs of every mixer)
+    # auto (shortformer where the mixer has query and key inputs, else none), rope, learned (added to the
+    # residual stream), none, shortformer (learned, added only to the query and key inputs of every mixer)
     positions: str = "auto"
     norm: str = "layernorm"
     tie_embeddings: bool = False
@@ -74,7 +74,7 @@ class MLPConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 3e-3
+    lr: float | None = None  # None: the mixer's recommended rate (mixer.lr); rows differ several-fold
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
@@ -126,13 +126,16 @@ class TrainConfig:
 
 
 def position_scheme(cfg) -> str:
-    """The position scheme a model actually uses: `auto` becomes rope or none by mixer.
+    """The position scheme a model actually uses.
 
-    Vector tasks get none: the in-context regression prompt is a set of pairs.
+    `auto` is shortformer where the mixer takes query and key inputs (on MQAR it
+    trains faster than RoPE and costs less per step) and none elsewhere:
+    recurrent mixers know order from their recurrence, and the in-context
+    regression prompt of a vector task is a set of pairs.
     """
     if cfg.model.positions == "auto":
         tokens = cfg.task.input_kind == "tokens"
-        return "rope" if tokens and getattr(cfg.mixer, "applies_rope", False) else "none"
+        return "shortformer" if tokens and getattr(cfg.mixer, "takes_qk_positions", False) else "none"
     return cfg.model.positions
 
 
@@ -197,6 +200,10 @@ def validate(cfg: DictConfig) -> Config:
     if getattr(mixer, "layout", None) == "auto":  # read the way the task's prompt allows
         mixer = dataclasses.replace(mixer, layout=getattr(task, "layout", "causal"))
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
+    if fixed["optim"].lr is None:
+        if getattr(mixer, "lr", None) is None:
+            raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
+        fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
     _check_together(config)
     return config

@@ -26,8 +26,10 @@ class VectorModel(nnx.Module):
         self.depth = m.depth
         self.identity = read_in_scheme(cfg) == "identity"
         self.read_in = None if self.identity else nnx.Linear(token_dim, m.width, rngs=rngs)
-        self.pos_embed = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, m.width)))
-                          if position_scheme(cfg) == "learned" else None)
+        scheme = position_scheme(cfg)
+        self.pos_embed = (nnx.Param(nnx.initializers.normal(m.pos_std)(rngs.params(), (max_len, m.width)))
+                          if scheme in ("learned", "shortformer") else None)
+        self.shortformer = scheme == "shortformer"  # positions enter the queries and keys only
         # Tied: one block looped `depth` times, von Oswald's recurrent model (K steps of one learner).
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(1 if m.tie_blocks else m.depth)])
         if not self.identity:
@@ -37,12 +39,14 @@ class VectorModel(nnx.Module):
     def __call__(self, inputs_btd, *, positions=None, head_mask=None):
         """Predictions [B, T], or [B, Q] at positions. head_mask: [depth, heads] multipliers (0 ablates)."""
         x = inputs_btd if self.read_in is None else self.read_in(inputs_btd)
+        qk_positions = None
         if self.pos_embed is not None:
-            x = x + self.pos_embed[...][None, : x.shape[1]]
+            p = self.pos_embed[...][None, : x.shape[1]]
+            qk_positions, x = (p, x) if self.shortformer else (None, x + p)
         for i in range(self.depth):
             block = self.blocks[i % len(self.blocks)]
             x, _ = block(x, head_mask=None if head_mask is None else head_mask[i],
-                         read_at=positions if i == self.depth - 1 else None)
+                         read_at=positions if i == self.depth - 1 else None, qk_positions=qk_positions)
             self.sow(nnx.Intermediate, "residual", x, capture_noop=True)
         if self.identity:
             return -x[..., -1]

@@ -21,6 +21,7 @@ class SoftmaxConfig:
     qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE
     bias: bool = False
     rope_base: float = 10_000.0
+    lr: float = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
 
     applies_rope: ClassVar[bool] = True  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = True  # model.positions=shortformer adds positions to q and k inputs

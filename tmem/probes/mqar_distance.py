@@ -41,12 +41,10 @@ def recall_by_distance(model, batch, chunk: int = 500) -> dict[str, list]:
 
 
 def _figure(rows):
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global figure list, no backend switch in notebooks
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.subplots()
     centers = [np.sqrt(lo * (hi + 1)) for lo, hi in zip(rows["distance_low"], rows["distance_high"])]
     ax.plot(centers, rows["accuracy"], "o-")
     for x, y, n in zip(centers, rows["accuracy"], rows["count"]):
