@@ -50,7 +50,8 @@ def test_tied_model_applies_one_block_depth_times(tiny_cfg):
     ("mixer=softmax", "mixer.heads=1", "model.norm=layernorm"),  # the paper's softmax and LayerNorm variants
     ("model.read_in=learned", "model.width=16", "mixer=softmax", "mixer.heads=2", "model.norm=layernorm",
      "model.positions=learned", "task.format=garg"),  # a Garg-style model
-    ("model.width=16", "mixer=softmax", "mixer.heads=2", "model.positions=shortformer", "task.format=garg"),
+    ("model.read_in=auto", "model.width=16", "mixer=softmax", "mixer.heads=2", "model.positions=shortformer",
+     "task.format=garg"),
 ])
 def test_other_models_read_the_task(tiny_cfg, overrides):
     cfg, _ = linreg_cfg(tiny_cfg, "model.depth=2", *overrides)

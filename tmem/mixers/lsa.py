@@ -30,6 +30,7 @@ class LSAConfig:
     # auto: the task's own layout (prompt for the von Oswald prompt, causal otherwise), set by validation
     layout: str = "auto"
     init_scale: float | None = 0.002  # fan-in variance scale, truncated normal (von Oswald: 0.002 / depth); None: Flax default
+    lr: float = 1e-3  # the learning rate this row trains best at (used when optim.lr is null): von Oswald's
 
     applies_rope: ClassVar[bool] = False
 
