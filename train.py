@@ -34,7 +34,8 @@ def main(cfg: DictConfig) -> dict:
     reached = ("not reached" if summary["target_step"] is None else
                f"reached at step {summary['target_step']} after {summary['target_seconds']:.1f} s")
     print(f"{summary['status']} after {summary['steps']} steps in {summary['wall_seconds']:.1f} s: {metrics}")
-    print(f"target {summary['target_metric']} >= {summary['target_value']}: {reached}")
+    compare = ">=" if config.task.higher_is_better else "<="
+    print(f"target {summary['target_metric']} {compare} {summary['target_value']}: {reached}")
     print(f"run:        {summary['run_dir']}")
     print(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
     print(f"wandb:      {summary['wandb_dir'] or 'disabled'}")

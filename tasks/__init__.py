@@ -1,6 +1,7 @@
 """Synthetic tasks. Adding one is a module here and one line in TASKS."""
 
 from tasks.base import Batch, Task, heldout, token_loss
+from tasks.linreg import LinReg
 from tasks.mqar import MQAR
 from tasks.repeat import Repeat
 from tasks.triggers import Triggers
@@ -9,6 +10,7 @@ TASKS: dict[str, type] = {
     "mqar": MQAR,
     "repeat": Repeat,
     "triggers": Triggers,
+    "linreg": LinReg,
 }
 
 __all__ = ["Batch", "Task", "TASKS", "heldout", "token_loss"]

@@ -40,7 +40,7 @@ class Task(Protocol):
     higher_is_better: bool
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int | None: ...  # None for vector tasks, which give token_dim instead
 
     def sample(self, key: jax.Array, batch_size: int) -> Batch: ...
 

@@ -37,6 +37,13 @@ TINY_REPEAT = [
     "train.checkpoint_every=10", "train.keep_checkpoints=null", "train.early_stop=false", "logger=disabled",
 ]
 
+# The one-layer in-context regression experiment, shrunk the same way (d = 4, N = 8).
+TINY_LINREG = [
+    "experiment=icl_gd", "task.dim=4", "task.num_examples=8", "task.heldout_size=256", "model.width=5",
+    "train.batch_size=64", "train.steps=20", "train.log_every=5", "train.eval_every=10",
+    "train.checkpoint_every=10", "logger=disabled",
+]
+
 
 def compose_config(overrides=(), config_name: str = "train"):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -45,11 +52,11 @@ def compose_config(overrides=(), config_name: str = "train"):
 
 @pytest.fixture
 def tiny_cfg():
-    """Compose TINY plus overrides into a validated Config and its resolved dict."""
+    """Compose TINY (or another base list) plus overrides into a validated Config and its resolved dict."""
     from tmem.config import validate
 
-    def make(*overrides):
-        cfg = compose_config([*TINY, *overrides])
+    def make(*overrides, base=TINY):
+        cfg = compose_config([*base, *overrides])
         return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
 
     return make

@@ -46,11 +46,18 @@ class ModelConfig:
     tie_embeddings: bool = False
     embed_std: float = 1.0  # init scale of the token embedding
     pos_std: float = 0.02  # init scale of the learned (or shortformer) position table
+    # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
+    # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);
+    # learned: a linear read-in to the width and a linear read-out after the final norm;
+    # auto: identity when the width is the token size, else learned.
+    read_in: str = "auto"
+    tie_blocks: bool = False  # vector tasks only: one block applied `depth` times (a looped model)
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
         _choice("model.positions", self.positions, ("auto", "rope", "learned", "none", "shortformer"))
         _choice("model.norm", self.norm, NORMS)
+        _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +130,20 @@ def position_scheme(cfg) -> str:
 
     `auto` is shortformer where the mixer takes query and key inputs (on MQAR it
     trains faster than RoPE and costs less per step) and none elsewhere:
-    recurrent mixers know order from their recurrence.
+    recurrent mixers know order from their recurrence, and the in-context
+    regression prompt of a vector task is a set of pairs.
     """
     if cfg.model.positions == "auto":
-        return "shortformer" if getattr(cfg.mixer, "takes_qk_positions", False) else "none"
+        tokens = cfg.task.input_kind == "tokens"
+        return "shortformer" if tokens and getattr(cfg.mixer, "takes_qk_positions", False) else "none"
     return cfg.model.positions
+
+
+def read_in_scheme(cfg) -> str:
+    """How a vector task's tokens enter the model: `auto` becomes identity or learned by width."""
+    if cfg.model.read_in == "auto":
+        return "identity" if cfg.model.width == cfg.task.token_dim else "learned"
+    return cfg.model.read_in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +197,8 @@ def validate(cfg: DictConfig) -> Config:
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
     mixer_schema, _ = MIXERS[_registered("mixer", cfg.mixer, MIXERS)]
     mixer = parse_group("mixer", mixer_schema, cfg.mixer)
+    if getattr(mixer, "layout", None) == "auto":  # read the way the task's prompt allows
+        mixer = dataclasses.replace(mixer, layout=getattr(task, "layout", "causal"))
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     if fixed["optim"].lr is None:
         if getattr(mixer, "lr", None) is None:
@@ -197,8 +215,15 @@ def _check_together(cfg: Config) -> None:
         cfg.mixer.check(cfg.model.width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.task.input_kind != "tokens":
-        raise ConfigError(f"task {cfg.task.name!r} feeds {cfg.task.input_kind}; this model reads tokens only")
+    vectors = cfg.task.input_kind == "vectors"
+    if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
+        raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "
+                          "with model.read_in=identity (or use model.read_in=learned)")
+    if not vectors and cfg.model.tie_blocks:
+        raise ConfigError("model.tie_blocks=true is implemented for vector tasks only")
+    if getattr(cfg.mixer, "layout", "causal") == "prompt" and getattr(cfg.task, "layout", "causal") != "prompt":
+        raise ConfigError(f"mixer.layout=prompt reads the whole prompt at once, but task {cfg.task.name!r} is "
+                          "read causally; use mixer.layout=causal or auto")
     if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
     if cfg.model.positions == "shortformer" and not getattr(cfg.mixer, "takes_qk_positions", False):

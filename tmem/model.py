@@ -95,9 +95,13 @@ def _state_len(state) -> int:
     return jax.tree.leaves(state)[0].shape[1]
 
 
-def build_model(cfg: Config, task, seed: int | None = None) -> LM:
-    """The model a config describes, for the task it will read."""
+def build_model(cfg: Config, task, seed: int | None = None) -> nnx.Module:
+    """The model a config describes, for the task it will read: an LM, or a VectorModel for vectors."""
     seed = cfg.train.seed if seed is None else seed
+    if task.input_kind == "vectors":
+        from tmem.vector_model import VectorModel  # it builds on this module's Block
+
+        return VectorModel(cfg, task.token_dim, task.seq_len, rngs=nnx.Rngs(params=seed))
     return LM(cfg, task.vocab_size, task.seq_len, rngs=nnx.Rngs(params=seed))
 
 
