@@ -2,9 +2,17 @@
 one line in MIXERS (its config dataclass and its module) and one YAML file."""
 
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
+from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 
 MIXERS: dict[str, tuple[type, type]] = {
     "softmax": (SoftmaxConfig, SoftmaxAttention),
+    # the fast-weight rows: one write rule, its knobs set by configs/mixer/<row>.yaml
+    "linear": (FastWeightConfig, FastWeight),
+    "retnet": (FastWeightConfig, FastWeight),
+    "gla": (FastWeightConfig, FastWeight),
+    "mamba2": (FastWeightConfig, FastWeight),
+    "deltanet": (FastWeightConfig, FastWeight),
+    "gated_deltanet": (FastWeightConfig, FastWeight),
 }
 
 __all__ = ["MIXERS"]
