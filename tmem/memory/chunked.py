@@ -42,9 +42,9 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     x, k [..., C, d_k], b [..., C, G] with G = 1 (a scalar decay: a masked
     matmul) or G = d_k (a vector decay). A vector decay has no single C x C
     decay matrix, so it is taken in sub-chunks of c tokens: a block of keys
-    before the query block factors through a reference row r, the query
-    block's first token, as (x_i e^{b_i - b_r}) . (k_j e^{b_r - b_j}), both
-    exponents <= 0; a diagonal block keeps all c x c x d_k decays (per channel).
+    before the query block factors through the query block's first row and
+    the key block's last, each factor's exponent <= 0; a diagonal block keeps
+    all c x c x d_k decays (the per-channel form, c d_k exps per token).
     """
     C = x.shape[-2]
     if b.shape[-1] == 1:
@@ -58,36 +58,48 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     diff = bs[..., :, None, :] - bs[..., None, :, :]  # [..., n, c, c, d_k]
     on_block = einsum("...nik,...njk,...nijk->...nij", xs, ks,
                       jnp.exp(jnp.where(_lower(c, strict)[..., None], diff, -jnp.inf)))
-    ref = bs[..., :, :1, :]  # [..., n, 1, d_k]: the first row of each query block
+    # key block J before query block I: e^{b_i - b_j} = e^{b_i - r_I} e^{r_I - e_J} e^{e_J - b_j}, with r_I the
+    # first row of block I and e_J the last of block J, so every factor is <= 1 and the exps are few
+    ref, end = bs[..., :, :1, :], bs[..., :, -1:, :]
     x_ref = xs * jnp.exp(bs - ref)
-    before = _lower(n, strict=True)[:, :, None, None]  # key block J strictly before query block I
-    k_ref = ks[..., None, :, :, :] * jnp.exp(jnp.where(before, ref[..., :, None, :, :] - bs[..., None, :, :, :], -jnp.inf))
+    k_end = ks * jnp.exp(end - bs)
+    before = _lower(n, strict=True)[..., None]  # [I, J, 1]: J strictly before I
+    between = jnp.exp(jnp.where(before, ref[..., :, None, 0, :] - end[..., None, :, 0, :], -jnp.inf))  # [..., I, J, d_k]
+    k_ref = k_end[..., None, :, :, :] * between[..., :, :, None, :]
     off_block = einsum("...Iik,...IJjk->...IiJj", x_ref, k_ref)
     full = off_block + einsum("...Iij,IJ->...IiJj", on_block, jnp.eye(n, dtype=on_block.dtype))
     return full.reshape(*x.shape[:-2], C, C)
 
 
-def unit_lower_inverse(L):
-    """(I + L)^{-1} for strictly lower-triangular L [..., C, C], by blocks, with matmuls only.
+def unit_lower_inverse(L, base: int = 8):
+    """(I + L)^{-1} for strictly lower-triangular L [..., C, C], by blocks.
 
-    Inverses of the diagonal blocks double in size each round:
-    [[A, 0], [X, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} X A^{-1}, D^{-1}]], log2(C) rounds.
-    XLA's batched triangular solve on CPU runs the small systems one by one and
-    is ~20x slower here; matmuls also differentiate without a solve.
+    Diagonal blocks of `base` rows are inverted by forward substitution (rows
+    unrolled, all blocks at once); then inverses of the diagonal blocks double
+    in size each round, [[A, 0], [X, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} X A^{-1}, D^{-1}]],
+    with batched matmuls. XLA's batched triangular solve on CPU is ~20x slower
+    here when multithreaded, and a product of matmuls differentiates without a solve.
     """
     C = L.shape[-1]
-    P = 1 << (C - 1).bit_length()  # pad to a power of two with an identity block
+    P = max(base, 1 << (C - 1).bit_length())  # pad to a power of two with an identity block
     M = jnp.pad(L, [(0, 0)] * (L.ndim - 2) + [(0, P - C), (0, P - C)])
-    M = M + jnp.eye(P, dtype=L.dtype).reshape((1,) * (L.ndim - 2) + (P, P))
-    inv = jnp.ones((*L.shape[:-2], P, 1, 1), L.dtype)  # inverses of the 1 x 1 diagonal blocks
-    s = 1
+    batch = M.shape[:-2]
+
+    def diagonal_blocks(size):  # [..., P / size, size, size]
+        n = P // size
+        return jnp.moveaxis(jnp.diagonal(M.reshape(*batch, n, size, n, size), axis1=-4, axis2=-2), -1, -3)
+
+    blocks = diagonal_blocks(base)
+    eye = jnp.broadcast_to(jnp.eye(base, dtype=L.dtype), blocks.shape)
+    rows = [eye[..., 0, :]]
+    for i in range(1, base):  # row i of the inverse: e_i - sum_{j<i} L_ij (row j)
+        rows.append(eye[..., i, :] - einsum("...j,...jk->...k", blocks[..., i, :i], jnp.stack(rows, -2)))
+    inv = jnp.stack(rows, -2)
+    s = base
     while s < P:
-        n = P // (2 * s)
-        blocks = M.reshape(*L.shape[:-2], n, 2 * s, n, 2 * s)
-        pairs = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [..., n, 2s, 2s]
-        X = pairs[..., s:, :s]
+        X = diagonal_blocks(2 * s)[..., s:, :s]
         A_inv, D_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        lower_left = -einsum("...ij,...jk,...kl->...il", D_inv, X, A_inv)
+        lower_left = -einsum("...ij,...jk->...ik", D_inv, einsum("...ij,...jk->...ik", X, A_inv))
         top = jnp.concatenate([A_inv, jnp.zeros_like(A_inv)], axis=-1)
         inv = jnp.concatenate([top, jnp.concatenate([lower_left, D_inv], axis=-1)], axis=-2)
         s *= 2
