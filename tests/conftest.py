@@ -45,6 +45,11 @@ TINY_LINREG = [
 ]
 
 
+def fast_jit(fn, **kwargs):
+    """jax.jit for tests on tiny shapes, compiled without LLVM optimisation: compiling is most of their cost."""
+    return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 0}, **kwargs)
+
+
 def compose_config(overrides=(), config_name: str = "train"):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose(config_name, overrides=list(overrides))

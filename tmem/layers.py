@@ -65,3 +65,32 @@ class MLP(nnx.Module):
         else:
             h = SCORES[self.score](h)
         return self.w_out(h)
+
+
+class ShortConv(nnx.Module):
+    """Depthwise causal convolution over time: y_t = sum_{i<K} w_i * x_{t-i}, channel by channel.
+
+    Gives each token a view of the few tokens before it, the previous-token
+    information a fast-weight memory cannot compute by itself (its read is a
+    sum over the whole past). `tail` [B, K-1, C] continues an earlier call.
+    """
+
+    def __init__(self, channels: int, kernel: int, *, bias: bool = False, rngs: nnx.Rngs):
+        self.kernel_size = kernel
+        bound = kernel ** -0.5  # PyTorch's Conv1d default for a depthwise filter: fan-in = kernel
+        self.kernel = nnx.Param(jax.random.uniform(rngs.params(), (kernel, channels), minval=-bound, maxval=bound))
+        self.bias = nnx.Param(jnp.zeros((channels,))) if bias else None
+
+    def __call__(self, x_btc: jax.Array, tail: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Output [B, T, C] and the last K-1 inputs (the tail for the next call)."""
+        B, T, C = x_btc.shape
+        K = self.kernel_size
+        if tail is None:
+            tail = jnp.zeros((B, K - 1, C), x_btc.dtype)
+        padded = jnp.concatenate([tail.astype(x_btc.dtype), x_btc], axis=1)
+        w = self.kernel[...]
+        # row K-1 of the kernel multiplies the current token, row 0 the one K-1 steps back
+        y = sum(padded[:, i:i + T] * w[i][None, None] for i in range(K))
+        if self.bias is not None:
+            y = y + self.bias[...][None, None]
+        return y, padded[:, T:]

@@ -92,7 +92,9 @@ class LM(nnx.Module):
 
 
 def _state_len(state) -> int:
-    return jax.tree.leaves(state)[0].shape[1]
+    """Tokens an earlier call read: a fixed-size state counts them, a cache has them on axis 1."""
+    length = getattr(state, "length", None)
+    return length if length is not None else jax.tree.leaves(state)[0].shape[1]
 
 
 def build_model(cfg: Config, task, seed: int | None = None) -> nnx.Module:

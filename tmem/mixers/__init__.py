@@ -2,11 +2,19 @@
 one line in MIXERS (its config dataclass and its module) and one YAML file."""
 
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
+from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
 
 MIXERS: dict[str, tuple[type, type]] = {
     "softmax": (SoftmaxConfig, SoftmaxAttention),
     "lsa": (LSAConfig, LinearSelfAttention),
+    # the fast-weight rows: one write rule, its knobs set by configs/mixer/<row>.yaml
+    "linear": (FastWeightConfig, FastWeight),
+    "retnet": (FastWeightConfig, FastWeight),
+    "gla": (FastWeightConfig, FastWeight),
+    "mamba2": (FastWeightConfig, FastWeight),
+    "deltanet": (FastWeightConfig, FastWeight),
+    "gated_deltanet": (FastWeightConfig, FastWeight),
 }
 
 __all__ = ["MIXERS"]

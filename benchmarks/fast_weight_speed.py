@@ -1,0 +1,158 @@
+"""Speed and memory of the fast-weight memories: chunked form, token scan, and softmax attention.
+
+    python benchmarks/fast_weight_speed.py                       # every row, T = 512 .. 8192
+    python benchmarks/fast_weight_speed.py --rows deltanet --lengths 1024 4096
+
+Forward + backward of the memory alone (tmem.memory: `chunked`, `recurrent`,
+`softmax_read` with a causal mask), at batch 4, 4 heads, d_k = d_v = 64, float32;
+the projections around it are the same for every row and left out. Time is the
+best of a few repeats (the machine may be shared); memory is the compiled
+program's temporary buffers from XLA's memory analysis. Softmax is timed only
+while its temporaries stay under --softmax-limit-gb; beyond that only its
+memory is reported. All numbers come from one process, so ratios hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tmem.memory import chunked, recurrent, softmax_read  # noqa: E402
+
+ROWS = {  # the memory's inputs for each row: (decay kind, write strength given, delta rule)
+    "linear": ("none", False, False),
+    "retnet": ("fixed", False, False),
+    "gla": ("vector", False, False),
+    "mamba2": ("scalar", True, False),
+    "deltanet": ("none", True, True),
+    "gated_deltanet": ("scalar", True, True),
+}
+
+
+def inputs(row: str | None, B: int, T: int, H: int, d: int) -> dict:
+    ks = jax.random.split(jax.random.key(0), 6)
+    x = {"q": jax.random.normal(ks[0], (B, T, H, d)), "k": jax.random.normal(ks[1], (B, T, H, d)),
+         "v": jax.random.normal(ks[2], (B, T, H, d))}
+    if row is None:
+        return x
+    decay, strength, delta = ROWS[row]
+    if delta:
+        x["k"] = x["k"] / jnp.linalg.norm(x["k"], axis=-1, keepdims=True)
+    if decay == "fixed":
+        x["log_a"] = jnp.broadcast_to(jnp.log(1 - 2.0 ** (-5.0 - jnp.arange(H)))[:, None], (B, T, H, 1))
+    elif decay in ("scalar", "vector"):
+        width = 1 if decay == "scalar" else d
+        x["log_a"] = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, width))) / 16
+    if strength:
+        x["beta"] = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
+    return x
+
+
+def program(form: str, row: str | None, chunk: int, sub_chunk: int):
+    """(inputs) -> gradients of sum(o * do) with respect to every input."""
+    delta = row is not None and ROWS[row][2]
+
+    def loss(x):
+        if form == "softmax":
+            T, d = x["q"].shape[1], x["q"].shape[-1]
+            mask = jnp.tril(jnp.ones((T, T), bool))[None, None]
+            o, _ = softmax_read(x["q"], x["k"], x["v"], mask, d**-0.5)
+        elif form == "chunked":
+            o, _ = chunked(**x, delta=delta, chunk=chunk, sub_chunk=sub_chunk)
+        else:
+            o, _ = recurrent(**x, delta=delta)
+        return jnp.sum(o * jnp.cos(o))  # a nonlinear loss: the backward pass is not a shortcut
+
+    return jax.jit(jax.grad(loss))
+
+
+def measure(form, row, T, args) -> dict:
+    x = inputs(None if form == "softmax" else row, args.batch, T, args.heads, args.d)
+    start = time.perf_counter()
+    compiled = program(form, row, args.chunk, args.sub_chunk).lower(x).compile()
+    compile_s = time.perf_counter() - start
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    result = {"form": form, "row": row, "T": T, "compile_s": compile_s, "temp_mb": temp / 2**20, "ms": None}
+    if form == "softmax" and temp > args.softmax_limit_gb * 2**30:
+        return result
+    jax.block_until_ready(compiled(x))
+    best = float("inf")
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(x))
+        best = min(best, time.perf_counter() - start)
+    result["ms"] = 1e3 * best
+    return result
+
+
+def fmt(r):
+    return "-" if r is None or r["ms"] is None else f"{r['ms']:.0f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--forms", nargs="+", default=["chunked", "recurrent"], choices=["chunked", "recurrent"])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d", type=int, default=64, help="d_k = d_v per head")
+    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--sub-chunk", type=int, default=8, help="blocks of a vector decay (GLA)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--softmax-limit-gb", type=float, default=4.0)
+    parser.add_argument("--json", help="also write every measurement to this file")
+    args = parser.parse_args()
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+          f"{jax.devices()[0].platform}; B={args.batch} H={args.heads} d_k=d_v={args.d} chunk={args.chunk} "
+          f"sub_chunk={args.sub_chunk}",
+          flush=True)
+    results = []
+    for T in args.lengths:
+        r = measure("softmax", None, T, args)
+        results.append(r)
+        print(f"softmax          T={T:5d}  {fmt(r):>7} ms  {r['temp_mb']:9.1f} MB temp", flush=True)
+    for row in args.rows:
+        for form in args.forms:
+            for T in args.lengths:
+                r = measure(form, row, T, args)
+                results.append(r)
+                print(f"{row:14s} {form:9s} T={T:5d}  {fmt(r):>7} ms  {r['temp_mb']:9.1f} MB temp  "
+                      f"(compile {r['compile_s']:.1f} s)", flush=True)
+
+    def get(form, row, T):
+        return next((r for r in results if (r["form"], r["row"], r["T"]) == (form, row, T)), None)
+
+    print("\n| row | form | " + " | ".join(f"T={T}" for T in args.lengths) + " |")
+    print("|---|---|" + "---|" * len(args.lengths))
+    for row in [None, *args.rows]:
+        for form in (["softmax"] if row is None else args.forms):
+            cells = [f"{fmt(get(form, row, T))} ms / {get(form, row, T)['temp_mb']:.0f} MB" for T in args.lengths]
+            print(f"| {row or 'softmax'} | {form} | " + " | ".join(cells) + " |")
+    if 4096 in args.lengths and 8192 in args.lengths:
+        print("\nratios at T = 4096 (scan / chunked) and growth 8192 / 4096 (chunked):")
+        for row in args.rows:
+            c4, c8, r4 = get("chunked", row, 4096), get("chunked", row, 8192), get("recurrent", row, 4096)
+            speedup = r4["ms"] / c4["ms"] if r4 and r4["ms"] else None
+            print(f"  {row:14s} scan/chunked {speedup and f'{speedup:.1f}x'}  chunked 8192/4096 "
+                  f"{c8['ms'] / c4['ms']:.2f}")
+    if 2048 in args.lengths and 4096 in args.lengths:
+        s2, s4 = get("softmax", None, 2048), get("softmax", None, 4096)
+        if s2["ms"] and s4["ms"]:
+            print(f"  softmax 4096/2048 {s4['ms'] / s2['ms']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The chunked form equals the recurrent definition: outputs, final state and gradients, fp32."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import fast_jit
+from tmem.memory.chunked import chunked, intra_scores
+from tmem.memory.linear_state import recurrent
+
+B, H, DK, DV = 2, 2, 4, 3
+TOL = 1e-5
+
+
+def rel_err(a, b):
+    """Norm-wise relative error ||a - b|| / ||b||."""
+    return float(jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel()))
+
+
+def inputs(T, decay, delta, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 7)
+    k = jax.random.normal(ks[1], (B, T, H, DK))
+    if delta:
+        k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    log_a = {"none": None,
+             "scalar": jax.nn.log_sigmoid(2 * jax.random.normal(ks[3], (B, T, H, 1))),
+             "vector": jax.nn.log_sigmoid(2 * jax.random.normal(ks[3], (B, T, H, DK)))}[decay]
+    return dict(q=jax.random.normal(ks[0], (B, T, H, DK)), k=k, v=jax.random.normal(ks[2], (B, T, H, DV)),
+                log_a=log_a, beta=jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H))),
+                state=jax.random.normal(ks[5], (B, H, DK, DV)))
+
+
+@partial(fast_jit, static_argnums=(0, 2), static_argnames=("chunk", "sub_chunk"))
+def value_and_grads(form, x, delta, **kw):
+    """(o, final state) and the gradients of a random projection of both w.r.t. every input."""
+    names = [n for n in x if x[n] is not None]
+    T = x["q"].shape[1]
+    do = jax.random.normal(jax.random.key(7), (B, T, H, DV))
+    dS = jax.random.normal(jax.random.key(8), (B, H, DK, DV))
+
+    def loss(*args):
+        o, S = form(**dict(x, **dict(zip(names, args))), delta=delta, **kw)
+        return jnp.sum(o * do) + jnp.sum(S * dS), (o, S)
+
+    grads, (o, S) = jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
+    return (o, S), dict(zip(names, grads))
+
+
+# scalar-add and vector-delta run every branch of `chunked`; the other rows are their cross-products
+slow = pytest.mark.slow
+ROWS = [pytest.param("scalar", False, id="scalar-add"), pytest.param("vector", True, id="vector-delta"),
+        pytest.param("none", False, id="none-add", marks=slow), pytest.param("vector", False, id="vector-add", marks=slow),
+        pytest.param("none", True, id="none-delta", marks=slow), pytest.param("scalar", True, id="scalar-delta", marks=slow)]
+
+
+@pytest.mark.parametrize("decay, delta", ROWS)
+def test_chunked_equals_recurrent_outputs_state_and_gradients(decay, delta):
+    T = 13  # a length no chunk size below divides but 1
+    x = inputs(T, decay, delta)
+    (o_ref, S_ref), g_ref = value_and_grads(recurrent, x, delta)
+    sizes = ((1, 16), (6, 3)) + (((16, 16),) if delta else ())  # 1, not a power of two, longer than T
+    for chunk, sub_chunk in sizes:
+        (o, S), g = value_and_grads(chunked, x, delta, chunk=chunk, sub_chunk=sub_chunk)
+        assert rel_err(o, o_ref) <= TOL, chunk
+        assert rel_err(S, S_ref) <= TOL, chunk
+        for name in g_ref:
+            assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name)
+
+
+def test_continuing_from_a_state_equals_one_pass():
+    x = inputs(14, "vector", True)
+    o_ref, S_ref = fast_jit(recurrent, static_argnames="delta")(**x, delta=True)
+    form = fast_jit(partial(chunked, chunk=4, sub_chunk=2), static_argnames="delta")
+    first, second = ({n: a if n == "state" else a[:, part] for n, a in x.items()} for part in (slice(7), slice(7, 14)))
+    o1, S1 = form(**first, delta=True)  # 7 tokens: not a multiple of the chunk
+    o2, S2 = form(**dict(second, state=S1), delta=True)
+    assert rel_err(jnp.concatenate([o1, o2], 1), o_ref) <= TOL
+    assert rel_err(S2, S_ref) <= TOL
+
+
+def test_vector_scores_in_sub_chunks_equal_per_channel_decays():
+    C = 12
+    ks = jax.random.split(jax.random.key(3), 3)
+    x, k = jax.random.normal(ks[0], (2, C, DK)), jax.random.normal(ks[1], (2, C, DK))
+    b = jnp.cumsum(jax.nn.log_sigmoid(jax.random.normal(ks[2], (2, C, DK))), axis=-2)
+    diff = b[:, :, None] - b[:, None, :]
+    want = jnp.einsum("bik,bjk,bijk->bij", x, k, jnp.exp(jnp.where(jnp.tril(jnp.ones((C, C), bool))[..., None],
+                                                                     diff, -jnp.inf)))
+    subs = (1, 3, 4, 12)  # blocks of one token, of several, and the whole chunk as one block
+    got = fast_jit(lambda x, k, b: [intra_scores(x, k, b, sub) for sub in subs])(x, k, b)
+    for sub, scores in zip(subs, got):
+        assert rel_err(scores, want) <= TOL, sub
+
+
+@pytest.mark.parametrize("decay, form", [("scalar", chunked), ("vector", chunked),
+                                         pytest.param("vector", recurrent, marks=slow)])
+def test_strong_decays_give_finite_gradients(decay, form):
+    x = inputs(11, decay, True)
+    x["log_a"] = jnp.full_like(x["log_a"], -1e4).at[:, ::3].set(-80.0)
+    kw = {"chunk": 8, "sub_chunk": 4} if form is chunked else {}
+    (o, S), g = value_and_grads(form, x, True, **kw)
+    assert all(bool(jnp.isfinite(a).all()) for a in (o, S, *g.values()))
+    assert float(jnp.abs(g["log_a"]).max()) > 0  # the gates still get a gradient where it is not vanishing

@@ -1,0 +1,122 @@
+"""The fast-weight mixers in the LM: every row builds, is causal, its two forms agree, it continues, it trains."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import TINY, fast_jit, run_entry
+from tmem.config import ConfigError
+from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
+from tmem.model import build_model
+
+ROWS = ("linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
+
+
+@pytest.fixture
+def model_and_tokens(tiny_cfg):
+    def make(*overrides):
+        cfg, _ = tiny_cfg(*overrides)
+        tokens = jax.random.randint(jax.random.key(1), (2, cfg.task.seq_len), 0, cfg.task.vocab)
+        return cfg, build_model(cfg, cfg.task), tokens
+    return make
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_every_row_is_causal_and_its_chunked_form_equals_its_recurrence(model_and_tokens, row):
+    # chunk 5 does not divide T = 16; GLA's vector decay then keeps per-channel blocks of 5
+    cfg, model, tokens = model_and_tokens(f"mixer={row}", "mixer.chunk=5")
+    _, reference, _ = model_and_tokens(f"mixer={row}", "mixer.form=recurrent")  # same seed, same weights
+    t = 7
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 5) % cfg.task.vocab)
+    a, b, c = fast_jit(lambda m, r, x, y: (m(x), m(y), r(x)))(model, reference, tokens, changed)
+    np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a[:, :t + 1], b[:, :t + 1], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+def test_continuing_from_a_state_equals_one_call(model_and_tokens):
+    """Learned positions need the state's token count; the short convolution needs its window."""
+    cfg, model, tokens = model_and_tokens("mixer=gated_deltanet", "model.positions=learned")
+    @fast_jit
+    def both(model, tokens):
+        first, states = model.forward(tokens[:, :6])
+        second, finals = model.forward(tokens[:, 6:], states=states)
+        return model.forward(tokens)[0], first, second, finals
+
+    full, first, second, finals = both(model, tokens)
+    np.testing.assert_allclose(jnp.concatenate([first, second], 1), full, rtol=1e-5, atol=1e-5)
+    assert finals[0].length == cfg.task.seq_len
+
+
+def test_state_size_counts_what_a_call_hands_on(model_and_tokens):
+    cfg, model, tokens = model_and_tokens("mixer=gla", "mixer.feature_map=dpfp", "mixer.dpfp_nu=2")
+    _, states = fast_jit(lambda m, t: m.forward(t))(model, tokens)
+    per_example = sum(x.size for x in jax.tree.leaves(states[0])) // tokens.shape[0]
+    assert per_example == cfg.mixer.state_size(cfg.model.width, cfg.task.seq_len)
+    # 2 heads of 8-wide keys: dpfp with nu = 2 makes 32-wide features, the memory 32 x 8 per head
+    assert states[0].memory.shape == (2, 2, 32, 8)
+
+
+def test_positions_read_out_the_same_logits_and_the_state_is_captured(model_and_tokens):
+    cfg, model, tokens = model_and_tokens("mixer=linear", "mixer.feature_map=elu", "mixer.normalize=true")
+    positions = jnp.array([[0, 5], [3, 15]])
+    full, picked, (_, intermediates) = fast_jit(lambda m, t, p: (m(t), m(t, positions=p), nnx.capture(
+        m, nnx.Intermediate)(t)))(model, tokens, positions)
+    np.testing.assert_allclose(picked, jnp.take_along_axis(full, positions[..., None], 1), rtol=1e-5, atol=1e-5)
+    state = intermediates["blocks"][0]["mixer"]["state"][0]
+    assert state.shape == (2, cfg.mixer.heads, 8, 8 + 1)  # the normaliser is one more value column
+
+
+def test_gated_delta_with_no_decay_is_deltanet():
+    """alpha_t = exp(-exp(A_log) dt_t) = 1 when exp(A_log) = 0: the Gated DeltaNet layer becomes DeltaNet."""
+    common = dict(rule="delta", write_strength="sigmoid", qk_norm="l2", heads=2)
+    delta = FastWeight(FastWeightConfig(**common), 16, rope=False, rngs=nnx.Rngs(0))
+    gated = FastWeight(FastWeightConfig(decay="scalar", **common), 16, rope=False, rngs=nnx.Rngs(1))
+    for name in ("q", "k", "v", "beta", "out", "conv_q", "conv_k", "conv_v", "norm"):
+        setattr(gated, name, getattr(delta, name))
+    x = jax.random.normal(jax.random.key(2), (2, 9, 16))
+    read = fast_jit(lambda m, x: m(x)[0])
+    assert not np.allclose(read(gated, x), read(delta, x), atol=1e-3)  # a real decay differs
+    gated.A_log[...] = jnp.full_like(gated.A_log[...], -jnp.inf)
+    np.testing.assert_allclose(read(gated, x), read(delta, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
+    ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),
+    ("mixer.decay=gamma", "mixer.decay='gamma' is not one of: none, fixed, scalar, vector"),
+    ("mixer.chunk=0", "mixer.chunk=0 must be positive"),
+])
+def test_bad_configs_get_one_line(tiny_cfg, override, message):
+    row = "deltanet" if "qk_norm" in override else "mamba2"
+    with pytest.raises(ConfigError, match=message):
+        tiny_cfg(f"mixer={row}", override)
+    with pytest.raises(ConfigError, match="mixer.normalize needs rule=add"):
+        tiny_cfg("mixer=linear", "mixer.normalize=true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", ROWS)
+def test_train_py_runs_every_row(tmp_path, row):
+    done = run_entry("train.py", *TINY, f"mixer={row}", "train.steps=10", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 10 and summary["state_size_per_token"] is None
+
+
+@pytest.mark.slow
+def test_deltanet_learns_the_default_mqar_job(tiny_cfg, tmp_path):
+    """The row's default config on the default job reaches 99% held-out accuracy (docs: ~1,000 steps)."""
+    from conftest import compose_config
+    from omegaconf import OmegaConf
+
+    from tmem.config import validate
+    from tmem.train.loop import run
+
+    raw = compose_config(["mixer=deltanet", "logger=disabled", "train.steps=3000"])
+    summary = run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
+    assert summary["eval/accuracy"] >= 0.99, summary

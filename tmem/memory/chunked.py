@@ -1,0 +1,159 @@
+"""The chunked parallel form of the fast-weight write (tmem.memory.linear_state), which training uses.
+
+Split the sequence into chunks of C tokens. Inside a chunk, with S the
+(key-major) state entering it and b_i = g_1 + ... + g_i the chunk-local
+cumulative log decay, the recurrence unrolls to (derivation in the docs;
+fla's `naive_chunk_*` and the Gated DeltaNet paper give the same)
+
+    S_i   = Diag(e^{b_i}) S + sum_{j <= i} Diag(e^{b_i - b_j}) k_j u_j^T
+    o_i   = (q_i * e^{b_i})^T S + sum_{j <= i} A_ij u_j,   A_ij = sum_c q_ic k_jc e^{b_ic - b_jc}
+    S_C   = Diag(e^{b_C}) S + sum_j (k_j * e^{b_C - b_j}) u_j^T
+
+where u_j is what token j writes: beta_j v_j for the add and decay rows, and
+for the delta rule the corrected value, which solves a unit lower-triangular
+system (the UT transform of the WY representation):
+
+    (I + L) U = diag(beta) V - diag(beta) (K * e^b) S,   L_ij = beta_i sum_c k_ic k_jc e^{b_ic - b_jc}, j < i
+    U = T diag(beta) V - T diag(beta) (K * e^b) S,       T = (I + L)^{-1}.
+
+So one chunk costs matmuls of size C, and only the state passes from chunk to
+chunk (a lax.scan over T / C steps). Every exponent is a difference b_i - b_j
+with j <= i, or b_C - b_j, or b_i: all <= 0, and the masked entries are set to
+-inf before exp, so neither the values nor the gradients overflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from tmem.memory.linear_state import einsum, prepare
+
+
+def _lower(n: int, strict: bool = False) -> jax.Array:
+    return jnp.tril(jnp.ones((n, n), bool), -1 if strict else 0)
+
+
+def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
+    """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i (j < i if strict), else 0.
+
+    x, k [..., C, d_k], b [..., C, G] with G = 1 (a scalar decay: a masked
+    matmul) or G = d_k (a vector decay). A vector decay has no single C x C
+    decay matrix, so it is taken in sub-chunks of c tokens: a block of keys
+    before the query block factors through the query block's first row and
+    the key block's last, each factor's exponent <= 0; a diagonal block keeps
+    all c x c x d_k decays (the per-channel form, c d_k exps per token).
+    """
+    C = x.shape[-2]
+    if b.shape[-1] == 1:
+        diff = b[..., :, None, 0] - b[..., None, :, 0]
+        decay = jnp.exp(jnp.where(_lower(C, strict), diff, -jnp.inf))
+        return einsum("...ik,...jk->...ij", x, k) * decay
+    c = max(d for d in range(1, min(sub_chunk, C) + 1) if C % d == 0)
+    n = C // c
+    blocks = lambda y: y.reshape(*y.shape[:-2], n, c, y.shape[-1])  # noqa: E731
+    xs, ks, bs = blocks(x), blocks(k), blocks(b)
+    diff = bs[..., :, None, :] - bs[..., None, :, :]  # [..., n, c, c, d_k]
+    on_block = einsum("...nik,...njk,...nijk->...nij", xs, ks,
+                      jnp.exp(jnp.where(_lower(c, strict)[..., None], diff, -jnp.inf)))
+    # key block J before query block I: e^{b_i - b_j} = e^{b_i - r_I} e^{r_I - e_J} e^{e_J - b_j}, with r_I the
+    # first row of block I and e_J the last of block J, so every factor is <= 1 and the exps are few
+    ref, end = bs[..., :, :1, :], bs[..., :, -1:, :]
+    x_ref = xs * jnp.exp(bs - ref)
+    k_end = ks * jnp.exp(end - bs)
+    before = _lower(n, strict=True)[..., None]  # [I, J, 1]: J strictly before I
+    between = jnp.exp(jnp.where(before, ref[..., :, None, 0, :] - end[..., None, :, 0, :], -jnp.inf))  # [..., I, J, d_k]
+    k_ref = k_end[..., None, :, :, :] * between[..., :, :, None, :]
+    off_block = einsum("...Iik,...IJjk->...IiJj", x_ref, k_ref)
+    full = off_block + einsum("...Iij,IJ->...IiJj", on_block, jnp.eye(n, dtype=on_block.dtype))
+    return full.reshape(*x.shape[:-2], C, C)
+
+
+def unit_lower_inverse(L, base: int = 8):
+    """(I + L)^{-1} for strictly lower-triangular L [..., C, C], by blocks.
+
+    Diagonal blocks of `base` rows are inverted by forward substitution (rows
+    unrolled, all blocks at once); then inverses of the diagonal blocks double
+    in size each round, [[A, 0], [X, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} X A^{-1}, D^{-1}]],
+    with batched matmuls. XLA's batched triangular solve on CPU is ~20x slower
+    here when multithreaded, and a product of matmuls differentiates without a solve.
+    """
+    C = L.shape[-1]
+    P = max(base, 1 << (C - 1).bit_length())  # pad to a power of two with an identity block
+    M = jnp.pad(L, [(0, 0)] * (L.ndim - 2) + [(0, P - C), (0, P - C)])
+    batch = M.shape[:-2]
+
+    def diagonal_blocks(size):  # [..., P / size, size, size]
+        n = P // size
+        return jnp.moveaxis(jnp.diagonal(M.reshape(*batch, n, size, n, size), axis1=-4, axis2=-2), -1, -3)
+
+    blocks = diagonal_blocks(base)
+    eye = jnp.broadcast_to(jnp.eye(base, dtype=L.dtype), blocks.shape)
+    rows = [eye[..., 0, :]]
+    for i in range(1, base):  # row i of the inverse: e_i - sum_{j<i} L_ij (row j)
+        rows.append(eye[..., i, :] - einsum("...j,...jk->...k", blocks[..., i, :i], jnp.stack(rows, -2)))
+    inv = jnp.stack(rows, -2)
+    s = base
+    while s < P:
+        X = diagonal_blocks(2 * s)[..., s:, :s]
+        A_inv, D_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        lower_left = -einsum("...ij,...jk->...ik", D_inv, einsum("...ij,...jk->...ik", X, A_inv))
+        top = jnp.concatenate([A_inv, jnp.zeros_like(A_inv)], axis=-1)
+        inv = jnp.concatenate([top, jnp.concatenate([lower_left, D_inv], axis=-1)], axis=-2)
+        s *= 2
+    return inv[..., 0, :C, :C]
+
+
+def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
+            chunk: int = 64, sub_chunk: int = 16):
+    """Same inputs and outputs as `linear_state.recurrent`; equal to it up to float rounding.
+
+    chunk: tokens per chunk (any positive size; the sequence is padded with
+    tokens that neither write nor decay). sub_chunk: the largest block a
+    vector decay keeps per channel (the largest divisor of chunk up to it is used).
+    """
+    out_dtype = v.dtype
+    q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
+    B, T, H, dk = k.shape
+    N = math.ceil(T / chunk)
+    pad = N * chunk - T
+
+    def chunks(x):  # [B, T, H, ...] -> [B, H, N, C, ...]; padding writes nothing (k = v = beta = 0, g = 0)
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        x = x.reshape(B, N, chunk, H, *x.shape[3:])
+        return jnp.moveaxis(x, 3, 1)
+
+    q, k, v, g, beta = map(chunks, (q, k, v, log_a, beta))
+    b = jnp.cumsum(g, axis=-2)  # chunk-local: no global cumulative decay to lose precision
+    b_end = b[..., -1:, :]
+    q_decayed = q * jnp.exp(b)
+    k_to_end = k * jnp.exp(b_end - b)
+    A = intra_scores(q, k, b, sub_chunk)
+    u = beta[..., None] * v
+    if delta:
+        L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True)
+        rhs = jnp.concatenate([u, beta[..., None] * k * jnp.exp(b)], axis=-1)
+        solved = einsum("...ij,...jd->...id", unit_lower_inverse(L), rhs)
+        u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
+
+    def pass_state(S, x):
+        if delta:
+            u_n, k_n, b_end_n, w_n = x
+            u_n = u_n - einsum("bhck,bhkv->bhcv", w_n, S)
+            write = einsum("bhck,bhcv->bhkv", k_n, u_n)
+        else:
+            u_n, write, b_end_n = x
+        return jnp.exp(b_end_n[..., 0, :])[..., None] * S + write, (S, u_n)
+
+    if delta:
+        xs = (u, k_to_end, b_end, w)
+    else:  # what each chunk writes does not depend on the state: all chunks at once, outside the scan
+        xs = (u, einsum("bhnck,bhncv->bhnkv", k_to_end, u), b_end)
+    over_chunks = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731
+    final, (S_in, u) = jax.lax.scan(pass_state, state, tuple(map(over_chunks, xs)))
+    S_in, u = jnp.moveaxis(S_in, 0, 2), jnp.moveaxis(u, 0, 2)  # [B, H, N, ...]
+    o = einsum("bhnck,bhnkv->bhncv", q_decayed, S_in) + einsum("bhnij,bhnjv->bhniv", A, u)
+    o = jnp.moveaxis(o, 1, 3).reshape(B, N * chunk, H, -1)[:, :T]
+    return o.astype(out_dtype), final

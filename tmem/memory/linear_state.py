@@ -1,0 +1,67 @@
+"""The fast-weight write of Chapter 10 (add, decay, correct) as one rule, and its recurrent form.
+
+The note's state S is d_v x d_k, written S_t = S_{t-1} + v_t k_t^T and read S_t q_t.
+Here, as in the reference kernels (fla), the state is stored **key-major**, the
+transpose: S is d_k x d_v per head, written with k_t v_t^T and read S_t^T q_t.
+Every row of Chapter 10's table is one choice of three knobs in
+
+    S_t = (I - e beta_t k_t k_t^T) Diag(a_t) S_{t-1} + beta_t k_t v_t^T,    o_t = S_t^T q_t
+
+* the decay a_t = exp(g_t), kept as its log g_t <= 0: absent (a_t = 1, linear
+  attention), a fixed scalar per head (RetNet), a data-dependent scalar per head
+  (Mamba-2, Gated DeltaNet) or a data-dependent vector over key channels (GLA);
+* the write strength beta_t (1 for linear attention; the note's beta_t for the
+  delta rows; Mamba-2's step dt_t);
+* the correction e: 0 adds the pair, 1 is the delta rule, which writes the
+  error v_t - S'^T k_t of what the decayed state S' = Diag(a_t) S_{t-1} recalls.
+
+Decaying before correcting is the order of the reference kernels (fla's gated
+delta and KDA); for a scalar a_t it is the same as the note's
+S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, transposed.
+
+Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
+log_a None or [B, T, H, 1] (a scalar per head) or [B, T, H, d_k] (a vector),
+beta None or [B, T, H], state None or [B, H, d_k, d_v]. The math runs in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+HIGHEST = jax.lax.Precision.HIGHEST  # no TF32 on GPUs: the forms must agree to ~1e-6
+
+
+def einsum(spec: str, *xs):
+    return jnp.einsum(spec, *xs, precision=HIGHEST)
+
+
+def prepare(q, k, v, log_a, beta, state):
+    """Inputs in float32 with the defaults filled in: no decay, beta = 1, an empty state."""
+    B, T, H, dk = k.shape
+    dv = v.shape[-1]
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    log_a = jnp.zeros((B, T, H, 1), jnp.float32) if log_a is None else f32(log_a)
+    beta = jnp.ones((B, T, H), jnp.float32) if beta is None else f32(beta)
+    state = jnp.zeros((B, H, dk, dv), jnp.float32) if state is None else f32(state)
+    if log_a.shape[-1] not in (1, dk) or log_a.shape[:-1] != (B, T, H):
+        raise ValueError(f"log_a must be [B, T, H, 1] or [B, T, H, d_k], got {log_a.shape}")
+    return f32(q), f32(k), f32(v), log_a, beta, state
+
+
+def recurrent(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None):
+    """The definition: one token at a time (lax.scan). Returns o [B, T, H, d_v] and the final state."""
+    out_dtype = v.dtype
+    q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
+
+    def write_and_read(S, x):
+        q_t, k_t, v_t, g_t, beta_t = x  # [B, H, d] and beta_t [B, H]
+        S = jnp.exp(g_t)[..., None] * S  # Diag(a_t) S: a_t scales key channels, the rows
+        if delta:  # write the error of what the state recalls at k_t
+            v_t = v_t - einsum("bhk,bhkv->bhv", k_t, S)
+        S = S + beta_t[..., None, None] * k_t[..., :, None] * v_t[..., None, :]
+        return S, einsum("bhk,bhkv->bhv", q_t, S)
+
+    time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
+    final, o = jax.lax.scan(write_and_read, state, tuple(map(time_major, (q, k, v, log_a, beta))))
+    return time_major(o).astype(out_dtype), final

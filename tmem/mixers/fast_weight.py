@@ -1,0 +1,221 @@
+"""The fast-weight rows of the unified table: linear, RetNet, GLA, Mamba-2, DeltaNet, Gated DeltaNet.
+
+One module with knobs, because the rows are one write (tmem.memory.linear_state)
+that differs in three choices, plus the shared projections around it:
+
+| row            | rule  | decay a_t                          | write strength beta_t |
+|----------------|-------|------------------------------------|-----------------------|
+| linear         | add   | none                               | 1                     |
+| retnet         | add   | fixed per head, 1 - 2^(-5-h)       | 1                     |
+| gla            | add   | vector: sigmoid(W2 W1 x)^(1/16)    | 1                     |
+| mamba2         | add   | scalar: exp(-exp(A_log) dt_t)      | dt_t = softplus(W x + dt_bias) |
+| deltanet       | delta | none                               | sigmoid(W x)          |
+| gated_deltanet | delta | scalar: exp(-exp(A_log) dt_t)      | sigmoid(W x)          |
+
+Around the write: q, k, v projections, an optional short causal convolution
+(with SiLU) on them, a feature map on q and k, optional L2 normalisation of q
+and k, the q scale, an optional normaliser (linear attention's z_t, kept as an
+extra value column of ones), Mamba-2's skip D v, and a per-head RMSNorm of the
+read-out with an optional SiLU gate. The state is key-major (d_k x d_v per
+head, read S^T q), the transpose of the note's S.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from tmem.layers import ShortConv
+from tmem.memory.chunked import chunked
+from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
+from tmem.memory.linear_state import recurrent
+
+RULES = ("add", "delta")
+DECAYS = ("none", "fixed", "scalar", "vector")
+WRITE_STRENGTHS = ("one", "sigmoid", "dt")
+FORMS = ("chunked", "recurrent")
+
+# Initialisations of the reference layers (anchors/mixers.md): Mamba-2's A ~ U(1, 16) and
+# dt ~ logU(1e-3, 1e-1); GLA's low-rank gate with temperature 16.
+A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)
+GLA_RANK, GLA_TEMPERATURE = 16, 16.0
+NORMALISER_EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class FastWeightConfig:
+    name: str = "linear"
+    rule: str = "add"  # add | delta (write the error v - S^T k)
+    decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
+    write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)
+    heads: int = 4
+    key_width: int | None = None  # d_k per head before the feature map; None: width // heads
+    value_width: int | None = None  # d_v per head; None: width // heads
+    feature_map: str = "identity"  # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k)
+    dpfp_nu: int = 1
+    normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
+    q_scale: float | None = None  # None: d_phi^(-1/2)
+    qk_norm: str = "none"  # none | l2 (unit q and k; the delta rule needs unit keys)
+    short_conv: int = 4  # kernel of the causal depthwise convolution on q, k, v; 0 for none
+    skip: bool = False  # Mamba-2's D: add D_h v_t to the read
+    output_norm: bool = True  # RMSNorm of each head's read
+    output_gate: bool = False  # multiply the read by silu(W_g x)
+    form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
+    chunk: int = 16
+    sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
+    lr: float = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
+
+    applies_rope: ClassVar[bool] = False  # position comes from the short convolution and the decay
+
+    def check(self, width: int) -> None:
+        for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
+                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "l2")), ("form", FORMS)):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
+        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                raise ValueError(f"mixer.{field}={value} must be positive")
+        if self.short_conv < 0:
+            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        if (self.key_width is None or self.value_width is None) and width % self.heads:
+            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        if self.rule == "delta" and self.qk_norm != "l2":
+            raise ValueError("mixer.qk_norm must be l2 with rule=delta: the delta write is stable for unit keys only")
+        if self.write_strength == "dt" and self.decay != "scalar":
+            raise ValueError("mixer.write_strength=dt needs decay=scalar, which defines dt")
+        if self.normalize and (self.rule != "add" or self.feature_map == "identity"):
+            raise ValueError("mixer.normalize needs rule=add and a non-negative feature map (elu, relu, dpfp)")
+
+    def widths(self, width: int) -> tuple[int, int, int]:
+        """d_k, d_phi (the state's key width) and d_v, per head."""
+        d_key = self.key_width or width // self.heads
+        return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), self.value_width or width // self.heads
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        """The fast-weight matrices (d_phi x d_v per head, plus the normaliser) and the convolution's window."""
+        d_key, d_phi, d_value = self.widths(width)
+        memory = self.heads * d_phi * (d_value + self.normalize)
+        window = max(self.short_conv - 1, 0) * self.heads * (2 * d_key + d_value)
+        return memory + window
+
+    def state_size_per_token(self, width: int) -> int | None:
+        return None  # fixed: it does not grow with the sequence
+
+
+@struct.dataclass
+class FastWeightState:
+    """What a call hands the next one: the memory S [B, H, d_phi, d_v(+1)], the
+    convolution's last inputs, and how many tokens were read (for positions)."""
+
+    memory: jax.Array
+    conv: tuple[jax.Array, jax.Array, jax.Array] | None  # the convolutions' windows on q, k, v
+    length: int = struct.field(pytree_node=False, default=0)
+
+
+def _inverse_softplus(y):
+    return y + jnp.log(-jnp.expm1(-y))
+
+
+def _l2_normalize(x):
+    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+class FastWeight(nnx.Module):
+    """A fast-weight memory layer: project, write every token into the state, read it with the queries.
+
+    The final state of each call is sown as the `state` intermediate.
+    """
+
+    def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
+        del rope  # these rows take positions from the convolution and the decay
+        self.cfg = cfg
+        H = cfg.heads
+        self.d_key, self.d_phi, self.d_value = d_key, d_phi, d_value = cfg.widths(width)
+        linear = lambda n_in, n_out, bias=False: nnx.Linear(n_in, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
+        self.q, self.k, self.v = linear(width, H * d_key), linear(width, H * d_key), linear(width, H * d_value)
+        if cfg.short_conv:  # one per projection, as in fla: a shared one would mix q, k and v in one buffer
+            self.conv_q, self.conv_k = (ShortConv(H * d_key, cfg.short_conv, rngs=rngs) for _ in range(2))
+            self.conv_v = ShortConv(H * d_value, cfg.short_conv, rngs=rngs)
+        if cfg.decay == "scalar":
+            self.dt = linear(width, H)
+            dt = jnp.exp(jax.random.uniform(rngs.params(), (H,), minval=math.log(DT_RANGE[0]),
+                                            maxval=math.log(DT_RANGE[1])))
+            self.dt_bias = nnx.Param(_inverse_softplus(dt))
+            self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (H,), minval=A_RANGE[0],
+                                                              maxval=A_RANGE[1])))
+        if cfg.decay == "vector":
+            self.gate_down, self.gate_up = linear(width, GLA_RANK), linear(GLA_RANK, H * d_phi, bias=True)
+        if cfg.write_strength == "sigmoid":
+            self.beta = linear(width, H)
+        if cfg.skip:
+            self.D = nnx.Param(jnp.ones((H,)))
+        if cfg.output_norm:
+            self.norm = nnx.RMSNorm(d_value, epsilon=1e-5, rngs=rngs)
+        if cfg.output_gate:
+            self.gate = linear(width, H * d_value)
+        self.out = linear(H * d_value, width)
+
+    def decay_and_strength(self, x_btd):
+        """log a_t [B, T, H, 1 or d_phi] (None for no decay) and beta_t [B, T, H] (None for 1)."""
+        cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
+        log_a = beta = None
+        if cfg.decay == "fixed":  # RetNet: gamma_h = 1 - 2^(-5-h), not learned
+            gamma = 1.0 - 2.0 ** (-5.0 - jnp.arange(H, dtype=jnp.float32))
+            log_a = jnp.broadcast_to(jnp.log(gamma)[:, None], (B, T, H, 1))
+        elif cfg.decay == "scalar":
+            dt = jax.nn.softplus(self.dt(x_btd) + self.dt_bias[...][None, None])
+            log_a = (-jnp.exp(self.A_log[...])[None, None] * dt)[..., None]
+            if cfg.write_strength == "dt":
+                beta = dt
+        elif cfg.decay == "vector":
+            logits = self.gate_up(self.gate_down(x_btd)).reshape(B, T, H, self.d_phi)
+            log_a = jax.nn.log_sigmoid(logits) / GLA_TEMPERATURE
+        if cfg.write_strength == "sigmoid":
+            beta = jax.nn.sigmoid(self.beta(x_btd))
+        return log_a, beta
+
+    def __call__(self, x_btd, *, state: FastWeightState | None = None, head_mask=None, read_at=None):
+        """Read-out [B, T, D] (or [B, Q, D] at read_at [B, Q]) and the state after the last token."""
+        cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
+        q, k, v = self.q(x_btd), self.k(x_btd), self.v(x_btd)
+        tail = None
+        if cfg.short_conv:
+            tails = (None,) * 3 if state is None else state.conv
+            (q, tq), (k, tk), (v, tv) = (conv(y, t) for conv, y, t in
+                                         zip((self.conv_q, self.conv_k, self.conv_v), (q, k, v), tails))
+            q, k, v, tail = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v), (tq, tk, tv)
+        q, k = (feature_map(cfg.feature_map, y.reshape(B, T, H, self.d_key), cfg.dpfp_nu) for y in (q, k))
+        v = v.reshape(B, T, H, self.d_value)
+        if cfg.qk_norm == "l2":
+            q, k = _l2_normalize(q), _l2_normalize(k)
+        q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
+        values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
+        log_a, beta = self.decay_and_strength(x_btd)
+        kwargs = dict(log_a=log_a, beta=beta, delta=cfg.rule == "delta", state=None if state is None else state.memory)
+        if cfg.form == "chunked":
+            o, memory = chunked(q, k, values, chunk=cfg.chunk, sub_chunk=cfg.sub_chunk, **kwargs)
+        else:
+            o, memory = recurrent(q, k, values, **kwargs)
+        self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
+        if cfg.normalize:
+            o = o[..., :-1] / (o[..., -1:] + NORMALISER_EPS)
+        if cfg.skip:
+            o = o + self.D[...][None, None, :, None] * v
+        if read_at is not None:
+            o = jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)
+            x_btd = jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
+        if cfg.output_norm:
+            o = self.norm(o)
+        if cfg.output_gate:
+            o = o * jax.nn.silu(self.gate(x_btd)).reshape(o.shape)
+        if head_mask is not None:
+            o = o * head_mask[None, None, :, None].astype(o.dtype)
+        length = T + (0 if state is None else state.length)
+        return self.out(o.reshape(B, -1, H * self.d_value)), FastWeightState(memory, tail, length)
