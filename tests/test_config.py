@@ -6,6 +6,7 @@ import pytest
 
 from conftest import ROOT, compose_config, run_entry
 from tmem.config import GROUPS, ConfigError, check_group_overrides, validate
+from tmem.mixers import MIXERS
 
 OPTIONS = [(group, p.stem) for group in GROUPS if group != "experiment"
            for p in sorted((ROOT / "configs" / group).glob("*.yaml"))]
@@ -52,7 +53,7 @@ def test_eval_config_composes():
     (["train.steps=0"], "train.steps=0 must be positive"),
     (["task.num_kv_pairs=40"], "task.num_kv_pairs too large"),
     (["+task.keys=3"], "task.keys: unknown field"),
-    (["mixer.name=mamba"], "mixer.name='mamba' is not one of: softmax"),
+    (["mixer.name=mamba"], "mixer.name='mamba' is not one of: softmax, lsa, linear"),
 ])
 def test_bad_configs_fail_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -62,7 +63,8 @@ def test_bad_configs_fail_in_one_line(overrides, message):
 
 def test_unknown_group_option_names_the_allowed_ones():
     problem = check_group_overrides(["mixer=softmax,linear_attention"])
-    assert problem == "mixer=linear_attention: no such option; allowed: lsa, softmax"
+    allowed = ", ".join(sorted(MIXERS))
+    assert problem == f"mixer=linear_attention: no such option; allowed: {allowed}"
     assert check_group_overrides(["mixer=softmax", "model.width=8", "experiment=null"]) is None
 
 
