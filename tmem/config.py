@@ -43,6 +43,7 @@ class ModelConfig:
     norm: str = "layernorm"
     tie_embeddings: bool = True
     embed_std: float = 1.0  # init scale of the token embedding
+    train_embeddings: bool = True  # false: embedding and unembedding keep their random init (fixed codes)
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
