@@ -33,6 +33,7 @@ DEFAULTS = {
     "beta": None,  # the softmax entry's beta; None means sqrt(softmax_d_k)
     "betas": [1, 2, 3, 4, 5],  # the softmax trend
     "queries": 512,  # queries pooled per ratio estimate
+    "softmax_queries": 2048,  # the exponential read's ratio has heavier tails at its small d_k
     "rtol": 0.01,  # relative width of the search's final bracket
 }
 
@@ -71,7 +72,8 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
             continue
         d = o["softmax_d_k"]
         beta = o["beta"] if o["beta"] is not None else math.sqrt(d)
-        trend = [{**measure(store, d, k, beta=b, **common), "beta": b} for b in sorted({*o["betas"], beta})]
+        soft = {**common, "queries": o["softmax_queries"]}
+        trend = [{**measure(store, d, k, beta=b, **soft), "beta": b} for b in sorted({*o["betas"], beta})]
         out[store] = {**next(e for e in trend if e["beta"] == beta), "trend": trend}
     out["seconds"] = round(time.perf_counter() - start, 1)
     return out
@@ -102,11 +104,14 @@ def figure(table: dict):
             ax.plot(e["curve"]["M"], e["curve"]["ratio"], "o", color=c, ms=3)
             ax.plot([e["capacity"]], [1.0], "o", color=c, ms=8, label=f"{label}: {e['capacity']:,.0f} "
                     f"(theory {e['theory']:,.0f})")
+            if e.get("formula"):
+                ax.plot([e["formula"]], [1.0], "x", color=c, ms=7, mew=1.5)
         ax.axhline(1.0, color="k", ls=":", lw=1)
         ax.set(xscale="log", yscale="log", xlabel="stored pairs M", ylabel="interference / signal",
                title=title, ylim=(1e-2, 10))
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle("Capacity: measured (dots; search points small) and exact-moment theory (dashed)", fontsize=9)
+    fig.suptitle("Capacity: measured (large dots; the search's points small), exact-moment theory (dashed), "
+                 "the note's formula (x)", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -32,7 +32,7 @@ from tasks import heldout
 from tmem.memory.stores import rank_one_edit
 from tmem.probes.base import Probe, ProbeInput
 
-DEFAULTS = {"edits": 32, "ridge": 1e-6, "steps": 200, "lr": 0.1}
+DEFAULTS = {"edits": 32, "ridge": 1e-6, "steps": 2000, "lr": 0.05, "p_new": 0.6}
 
 
 def memory_of(model, batch):
@@ -78,7 +78,11 @@ def run(inp: ProbeInput):
 
     @jax.jit
     def target_output(h_star, token, new_value):
-        """v*: the MLP output at h* that makes the model predict new_value (Adam steps on that output only)."""
+        """v*: an MLP output at h* under which the model gives new_value probability p_new.
+
+        Adam steps on the output at h* alone, stopping as soon as p_new is
+        reached, so v* moves no further than the new fact needs.
+        """
         u = h_star / (h_star @ h_star)
 
         def loss(delta):
@@ -86,15 +90,19 @@ def run(inp: ProbeInput):
             return optax.softmax_cross_entropy_with_integer_labels(logits, new_value)
 
         tx = optax.adam(o["lr"])
+        stop = -jnp.log(o["p_new"])
+
+        def step(carry):
+            delta, opt, i = carry
+            upd, opt = tx.update(jax.grad(loss)(delta), opt)
+            return optax.apply_updates(delta, upd), opt, i + 1
+
+        def going(carry):
+            delta, _, i = carry
+            return (i < o["steps"]) & (loss(delta) > stop)
+
         delta = jnp.zeros(W.shape[1])
-
-        def step(carry, _):
-            delta, opt = carry
-            g = jax.grad(loss)(delta)
-            upd, opt = tx.update(g, opt)
-            return (optax.apply_updates(delta, upd), opt), None
-
-        (delta, _), _ = jax.lax.scan(step, (delta, tx.init(delta)), None, length=o["steps"])
+        delta, _, _ = jax.lax.while_loop(going, step, (delta, tx.init(delta), 0))
         return h_star @ W + delta
 
     rows = {"whitened": [], "plain": []}
