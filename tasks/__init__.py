@@ -3,10 +3,14 @@
 from tasks.base import Batch, Task, heldout, token_loss
 from tasks.memorize import Memorize
 from tasks.mqar import MQAR
+from tasks.repeat import Repeat
+from tasks.triggers import Triggers
 
 TASKS: dict[str, type] = {
     "mqar": MQAR,
     "memorize": Memorize,
+    "repeat": Repeat,
+    "triggers": Triggers,
 }
 
 __all__ = ["Batch", "Task", "TASKS", "heldout", "token_loss"]

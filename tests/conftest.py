@@ -29,6 +29,13 @@ TINY = [
     "train.batch_size=16", "train.steps=20", "train.log_every=5", "train.eval_every=10",
     "train.checkpoint_every=10", "optim.warmup_steps=5", "logger=disabled",
 ]
+# The same scale on the repeated-segment task (induction heads).
+TINY_REPEAT = [
+    "task=repeat", "task.vocab=16", "task.seq_len=24", "task.min_period=3", "task.max_period=10",
+    "task.heldout_size=64", "model.width=16", "mixer.heads=2", "model.positions=shortformer", "model.norm=none",
+    "train.batch_size=16", "train.steps=30", "train.log_every=5", "train.eval_every=10",
+    "train.checkpoint_every=10", "train.keep_checkpoints=null", "train.early_stop=false", "logger=disabled",
+]
 
 
 def compose_config(overrides=(), config_name: str = "train"):
@@ -61,4 +68,16 @@ def tiny_run(tmp_path_factory) -> Path:
     done = run_entry("train.py", *TINY, "train.steps=30", "train.keep_checkpoints=null",
                      "train.early_stop=false", f"hydra.run.dir={run_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_repeat_run(tmp_path_factory) -> Path:
+    """A finished tiny run on the repeat task with every checkpoint kept (for induction probes)."""
+    from tmem.config import validate
+    from tmem.train.loop import run
+
+    run_dir = tmp_path_factory.mktemp("tiny_repeat_run")
+    cfg = compose_config(TINY_REPEAT)
+    run(validate(cfg), run_dir, OmegaConf.to_container(cfg, resolve=True))
     return run_dir

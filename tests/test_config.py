@@ -23,6 +23,21 @@ def test_every_experiment_composes_and_validates(experiment):
     validate(compose_config([f"experiment={experiment}"]))
 
 
+def test_an_experiment_can_set_train_fields():
+    cfg = validate(compose_config(["experiment=induction_heads"]))
+    assert cfg.train.steps == 2000 and cfg.train.keep_checkpoints is None and cfg.train.target is None
+    assert validate(compose_config(["experiment=induction_heads", "train.steps=7"])).train.steps == 7
+
+
+def test_shortformer_needs_a_mixer_with_query_and_key_inputs(monkeypatch):
+    from tmem.mixers.attention import SoftmaxConfig
+
+    validate(compose_config(["model.positions=shortformer"]))
+    monkeypatch.setattr(SoftmaxConfig, "takes_qk_positions", False)
+    with pytest.raises(ConfigError, match="model.positions=shortformer: mixer 'softmax' has no query and key"):
+        validate(compose_config(["model.positions=shortformer"]))
+
+
 def test_eval_config_composes():
     cfg = compose_config(["run=/tmp/x", "probes=[mqar_distance]"], config_name="eval")
     assert list(cfg.probes) == ["mqar_distance"]

@@ -62,12 +62,34 @@ def test_head_mask_ablates_exactly_one_head(model_and_tokens):
 
 
 def test_continuing_from_a_state_equals_one_call(model_and_tokens):
-    for positions in ("rope", "learned"):
+    for positions in ("rope", "learned", "shortformer"):
         _, model, tokens = model_and_tokens(f"model.positions={positions}")
         full, _ = model.forward(tokens)
         first, states = model.forward(tokens[:, :6])
         second, _ = model.forward(tokens[:, 6:], states=states)
         np.testing.assert_allclose(jnp.concatenate([first, second], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_shortformer_positions_reach_queries_and_keys_only(model_and_tokens):
+    cfg, model, tokens = model_and_tokens("model.positions=shortformer")
+    D = cfg.model.width
+    moved = lambda: {"pos_embed": model.pos_embed[...] + 1.0}  # noqa: E731
+    before = model(tokens)
+    load_weights(model, moved())
+    assert not np.allclose(model(tokens), before)  # positions steer attention ...
+    # ... but with queries and keys switched off, attention is uniform and positions leave no trace
+    no_qk = {"blocks": {i: {"mixer": {"qkv": {"kernel": b.mixer.qkv.kernel[...].at[:, :2 * D].set(0.0)}}}
+                        for i, b in enumerate(model.blocks)}}
+    load_weights(model, no_qk)
+    before = model(tokens)
+    load_weights(model, moved())
+    np.testing.assert_allclose(model(tokens), before, rtol=1e-6)
+    # learned positions, added to the residual stream, change the output even then
+    cfg, model, tokens = model_and_tokens("model.positions=learned")
+    load_weights(model, no_qk)
+    before = model(tokens)
+    load_weights(model, moved())
+    assert not np.allclose(model(tokens), before)
 
 
 def test_load_weights_rejects_typos_and_shape_changes(model_and_tokens):

@@ -3,6 +3,7 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -13,7 +14,7 @@ from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.loop import TrainingDiverged, run
 from tmem.train.evaluate import load_run
 from tmem.train.optim import build_optimizer
-from tmem.train.step import init_state, make_eval
+from tmem.train.step import init_state, make_eval, make_gradients, make_loss
 
 
 def params_of(run_dir):
@@ -92,6 +93,20 @@ def test_resuming_with_another_optimizer_structure_fails_clearly(tiny_cfg, tmp_p
     with pytest.raises(CheckpointError, match="does not fit this config") as e:
         run(cfg, tmp_path, resolved)
     assert "\n" not in str(e.value) and len(str(e.value)) < 500
+
+
+def test_microbatched_gradient_equals_the_whole_batch(tiny_cfg):
+    cfg, _ = tiny_cfg()
+    graphdef, state = init_state(build_model(cfg, cfg.task), build_optimizer(cfg.optim, 10), 0)
+    key = jax.random.key(3)
+    metrics, grads = make_gradients(graphdef, cfg.task, 16, microbatch=4)(state.params, state.rest, key)
+    # the same 16 examples, sampled slice by slice, differentiated at once
+    slices = [cfg.task.sample(k, 4) for k in jax.random.split(key, 4)]
+    batch = jax.tree.map(lambda *xs: jnp.concatenate(xs), *slices)
+    (_, whole_metrics), whole = jax.value_and_grad(make_loss(graphdef, cfg.task), has_aux=True)(
+        state.params, state.rest, batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, whole)
+    np.testing.assert_allclose(metrics["loss"], whole_metrics["loss"], rtol=1e-6)
 
 
 def test_chunked_eval_equals_one_pass(tiny_cfg):

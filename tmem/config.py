@@ -39,15 +39,18 @@ def _positive(**fields) -> None:
 class ModelConfig:
     width: int = 64
     depth: int = 2
-    positions: str = "auto"  # auto (rope where the mixer applies it, else none), rope, learned, none
+    # auto (rope where the mixer applies it, else none), rope, learned (added to the residual stream), none,
+    # shortformer (learned, added only to the query and key inputs of every mixer)
+    positions: str = "auto"
     norm: str = "layernorm"
-    tie_embeddings: bool = True
+    tie_embeddings: bool = False
     embed_std: float = 1.0  # init scale of the token embedding
     train_embeddings: bool = True  # false: embedding and unembedding keep their random init (fixed codes)
+    pos_std: float = 0.02  # init scale of the learned (or shortformer) position table
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
-        _choice("model.positions", self.positions, ("auto", "rope", "learned", "none"))
+        _choice("model.positions", self.positions, ("auto", "rope", "learned", "none", "shortformer"))
         _choice("model.norm", self.norm, NORMS)
 
 
@@ -98,6 +101,7 @@ class TrainConfig:
     seed: int = 0
     steps: int = 5000
     batch_size: int = 64
+    microbatch: int | None = None  # differentiate at most this many examples at once (same update)
     log_every: int = 50
     eval_every: int = 100
     checkpoint_every: int = 1000
@@ -109,8 +113,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _positive(**{f"train.{f}": getattr(self, f) for f in
-                     ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
-                                  "keep_checkpoints", "stop_after")})
+                     ("steps", "batch_size", "microbatch", "log_every", "eval_every", "checkpoint_every",
+                      "keep_checkpoints", "stop_after")})
+        if self.microbatch is not None and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
+            raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
 
 
 def position_scheme(cfg) -> str:
@@ -187,6 +193,9 @@ def _check_together(cfg: Config) -> None:
         raise ConfigError(f"task {cfg.task.name!r} feeds {cfg.task.input_kind}; this model reads tokens only")
     if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
+    if cfg.model.positions == "shortformer" and not getattr(cfg.mixer, "takes_qk_positions", False):
+        raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
+                          "to add positions to; use learned or none")
 
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"

@@ -30,9 +30,11 @@ class Block(nnx.Module):
         else:
             self.mlp = None
 
-    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None):
+    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None, qk_positions=None):
         """With read_at [B, Q], the block's output only at those positions (see the mixer)."""
-        y, state = self.mixer(self.mixer_norm(x_btd), state=state, head_mask=head_mask, read_at=read_at)
+        # Only mixers that declare takes_qk_positions get the keyword (config validation checks it).
+        extra = {} if qk_positions is None else {"qk_positions": qk_positions}
+        y, state = self.mixer(self.mixer_norm(x_btd), state=state, head_mask=head_mask, read_at=read_at, **extra)
         if read_at is not None:
             x_btd = jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
         x_btd = x_btd + y
@@ -49,8 +51,12 @@ class LM(nnx.Module):
     def __init__(self, cfg: Config, vocab_size: int, max_len: int, *, rngs: nnx.Rngs):
         m = cfg.model
         self.embed = nnx.Embed(vocab_size, m.width, embedding_init=nnx.initializers.normal(m.embed_std), rngs=rngs)
-        self.pos_embed = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, m.width)))
-                          if position_scheme(cfg) == "learned" else None)
+        scheme = position_scheme(cfg)
+        self.pos_embed = (nnx.Param(nnx.initializers.normal(m.pos_std)(rngs.params(), (max_len, m.width)))
+                          if scheme in ("learned", "shortformer") else None)
+        # Shortformer: the same table is added to every mixer's query and key inputs, never to the
+        # residual stream, so later layers cannot read position from what earlier ones wrote.
+        self.shortformer = scheme == "shortformer"
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(m.depth)])
         self.norm = make_norm(m.norm, m.width, rngs)
         self.unembed = None if m.tie_embeddings else nnx.Linear(m.width, vocab_size, use_bias=False, rngs=rngs)
@@ -71,17 +77,22 @@ class LM(nnx.Module):
         states: per-block initial mixer states, to continue an earlier call.
         """
         x = self.embed(tokens_bt)
+        qk_positions = None
         if self.pos_embed is not None:
             T = tokens_bt.shape[1]
             offset = 0 if states is None else _state_len(states[0])
-            x = x + jax.lax.dynamic_slice_in_dim(self.pos_embed[...], offset, T)[None]
+            p = jax.lax.dynamic_slice_in_dim(self.pos_embed[...], offset, T)[None]
+            if self.shortformer:
+                qk_positions = p
+            else:
+                x = x + p
         finals = []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             # Only the scored positions need the last block's reads.
             x, state = block(x, state=None if states is None else states[i],
                              head_mask=None if head_mask is None else head_mask[i],
-                             read_at=positions if i == last else None)
+                             read_at=positions if i == last else None, qk_positions=qk_positions)
             self.sow(nnx.Intermediate, "residual", x, capture_noop=True)
             finals.append(state)
         x = self.norm(x)

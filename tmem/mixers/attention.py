@@ -23,6 +23,7 @@ class SoftmaxConfig:
     rope_base: float = 10_000.0
 
     applies_rope: ClassVar[bool] = True  # model.positions=rope rotates this mixer's q and k
+    takes_qk_positions: ClassVar[bool] = True  # model.positions=shortformer adds positions to q and k inputs
 
     def check(self, width: int) -> None:
         if self.heads < 1 or width % self.heads:
@@ -53,19 +54,22 @@ class SoftmaxAttention(nnx.Module):
             self.q_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
             self.k_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
 
-    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None):
+    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None, qk_positions=None):
         """Read-out [B, T, D] and the new cache; with read_at [B, Q], only the reads at those positions.
 
         Keys and values are written for every token either way; reading at a few
         positions skips the other queries, which is all a last layer needs when
-        the loss looks at a few positions.
+        the loss looks at a few positions. qk_positions [1, T, D] (shortformer)
+        is added to the inputs of the query and key maps only: attention can find
+        positions, but values, and so the residual stream, carry no position.
         """
         B, T, D = x_btd.shape
         H, d = self.heads, self.d_head
         kernel = self.qkv.kernel[...]
-        kv = (x_btd @ kernel[:, D:]).reshape(B, T, 2 * H, d)
-        k, v = kv[:, :, :H], kv[:, :, H:]
-        x_q = x_btd if read_at is None else jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
+        x_qk = x_btd if qk_positions is None else x_btd + qk_positions
+        k = (x_qk @ kernel[:, D:2 * D]).reshape(B, T, H, d)
+        v = (x_btd @ kernel[:, 2 * D:]).reshape(B, T, H, d)
+        x_q = x_qk if read_at is None else jnp.take_along_axis(x_qk, read_at[..., None], axis=1)
         q = (x_q @ kernel[:, :D]).reshape(B, -1, H, d)
         if self.cfg.bias:
             bias = self.qkv.bias[...]

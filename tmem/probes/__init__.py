@@ -1,10 +1,11 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
-from tmem.probes import capacity, mqar_distance, rank_one_edit
+from tmem.probes import capacity, induction, mqar_distance, rank_one_edit
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
     "mqar_distance": mqar_distance.probe,
+    "induction": induction.probe,
     "capacity": capacity.probe,
     "rank_one_edit": rank_one_edit.probe,
 }

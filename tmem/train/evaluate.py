@@ -37,11 +37,23 @@ def load_run(run_dir: str | Path, step: int | None = None):
         cfg = validate(OmegaConf.create(resolved))
     except ConfigError as e:
         raise CheckpointError(f"run={run_dir}: its saved config no longer validates: {e}") from None
+    step = ckpts.latest_step() if step is None else step
+    (step, model), = checkpoint_models(cfg, ckpts, [step])
+    return cfg, model, step, ckpts
+
+
+def checkpoint_models(cfg, ckpts: Checkpoints, steps=None):
+    """(step, model) for each listed checkpoint step (default all), one restore at a time.
+
+    The model is built once, so reading a run's whole history (formation over
+    training) costs one restore per step.
+    """
     model = build_model(cfg, cfg.task)
     graphdef, state = init_state(model, build_optimizer(cfg.optim, cfg.train.steps), cfg.train.seed)
-    state = ckpts.restore(jax.eval_shape(lambda: state), step)
-    model = nnx.merge(graphdef, state.params, state.rest)
-    return cfg, model, int(state.step), ckpts
+    abstract = jax.eval_shape(lambda: state)
+    for step in ckpts.steps() if steps is None else steps:
+        state = ckpts.restore(abstract, step)
+        yield int(state.step), nnx.merge(graphdef, state.params, state.rest)
 
 
 def select_probes(names: list[str], cfg) -> list[str]:

@@ -91,7 +91,8 @@ class Trainer:
         self.tracker.summary({"parameters": self.n_params})
 
         schedule = learning_rate(cfg.optim, t.steps)
-        self.train_step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, schedule), donate_argnums=0)
+        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch)
+        self.train_step = jax.jit(step, donate_argnums=0)
         self._evaluate = jax.jit(make_eval(graphdef, task))
         self.heldout = jax.jit(lambda: heldout(task))()
         self.metric = f"eval/{task.target_metric}"

@@ -50,16 +50,45 @@ def make_loss(graphdef, task):
     return loss_fn
 
 
-def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule):
+def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = None):
+    """(params, rest, key) -> (metrics, grads) of one freshly sampled batch.
+
+    With `microbatch` below the batch size, the batch is sampled and
+    differentiated in slices of that size, one after another, and the results
+    combined weighted by each slice's scored positions: the gradient of the
+    whole batch, but one slice's activations stay in cache, which on a CPU makes
+    a 64-example step cost about two 32-example ones rather than three.
+    """
+    grad_fn = jax.value_and_grad(make_loss(graphdef, task), has_aux=True)
+    if microbatch is None or microbatch >= batch_size:
+        def whole(params, rest, key):
+            (_, metrics), grads = grad_fn(params, rest, task.sample(key, batch_size))
+            return metrics, grads
+        return whole
+
+    def sliced(params, rest, key):
+        def one(k):
+            batch = task.sample(k, microbatch)
+            (_, metrics), grads = grad_fn(params, rest, batch)
+            return batch.mask.sum(), metrics, grads
+
+        w, metrics, grads = jax.lax.map(one, jax.random.split(key, batch_size // microbatch))
+        share = w / jnp.maximum(w.sum(), 1.0)
+        return jax.tree.map(lambda x: jnp.tensordot(share, x, axes=1), (metrics, grads))
+
+    return sliced
+
+
+def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule,
+                    microbatch: int | None = None):
     """(state) -> (state, metrics): sample on device, forward, backward, update."""
-    loss_fn = make_loss(graphdef, task)
+    gradients = make_gradients(graphdef, task, batch_size, microbatch)
 
     def train_step(state: TrainState):
-        batch = task.sample(batch_key(state), batch_size)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.rest, batch)
+        metrics, grads = gradients(state.params, state.rest, batch_key(state))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        bad = ~jnp.isfinite(loss) & (state.nonfinite_step < 0)
+        bad = ~jnp.isfinite(metrics["loss"]) & (state.nonfinite_step < 0)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=lr_schedule(state.step))
         new = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             nonfinite_step=jnp.where(bad, state.step, state.nonfinite_step))
