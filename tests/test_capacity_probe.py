@@ -22,7 +22,7 @@ def test_probe_reports_each_store_beside_theory_without_a_run(tmp_path):
     capacities = [e["capacity"] for e in soft["trend"]]
     assert capacities == sorted(capacities)  # exponential in beta
     assert (tmp_path / "capacity.png").stat().st_size > 0
-    assert json.loads((tmp_path / "report.json").read_text())["capacity"]["relu"]["capacity"] > 0
+    assert json.loads((tmp_path / "report.json").read_text())["capacity"]["hebbian"]["capacity"] > 0
 
 
 def test_unknown_store_is_one_line(tmp_path):

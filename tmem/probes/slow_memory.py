@@ -125,6 +125,10 @@ def figure(rows: list[dict]):
              title="trained (solid) vs random keys, min(m, capacity) (dashed);\ndotted: all facts, chance")
     ax_b.set(xscale="log", xlabel="MLP parameters", ylabel="bits per parameter",
              title=f"facts x log2({rows[0]['num_values'] if rows else 'V'}) / parameters")
+    ticks = sorted({r["mlp_params"] for r in rows})
+    for ax in (ax_f, ax_b):
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=7, rotation=45)
+        ax.minorticks_off()
     ax_f.legend(fontsize=8, loc="upper left")
     ax_f.title.set_fontsize(9)
     ax_b.title.set_fontsize(9)
