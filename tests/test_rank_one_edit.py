@@ -47,6 +47,8 @@ def test_probe_refuses_runs_it_cannot_read():
     cfg = validate(compose_config(["logger=disabled"]))
     assert "memorize" in PROBES["rank_one_edit"].applies(cfg)
     assert "no MLP" in PROBES["rank_one_edit"].applies(validate(compose_config(SMALL + ["mlp=none"])))
+    assert "mixer=none" in PROBES["rank_one_edit"].applies(validate(compose_config(SMALL + ["mixer=softmax",
+                                                                                            "model.positions=none"])))
 
 
 @pytest.mark.slow

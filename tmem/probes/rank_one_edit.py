@@ -153,6 +153,8 @@ def _applies(cfg) -> str | None:
         return f"needs a memorize run, not {cfg.task.name!r}"
     if cfg.mlp.name == "none":
         return "the model has no MLP to edit"
+    if cfg.mixer.name != "none":
+        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {cfg.mixer.name!r}"
     return None
 
 
