@@ -43,8 +43,12 @@ def lstsq_write(K: jax.Array, V: jax.Array, ridge: float = 0.0) -> jax.Array:
 
 
 def corrective_write(S: jax.Array, k: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
-    """S + u (v - S^T k)^T: write the error of the read at k along the direction u."""
-    return S + jnp.outer(u, v - S.T @ k)
+    """S + u (v - S^T k)^T: write the error of the read at k along the direction u.
+
+    The read is taken at full float32 precision (no TF32 on GPUs), so the write
+    can serve as the oracle of faster forms.
+    """
+    return S + jnp.outer(u, v - jnp.dot(k, S, precision=jax.lax.Precision.HIGHEST))
 
 
 def delta_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0) -> jax.Array:
