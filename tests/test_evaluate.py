@@ -18,6 +18,9 @@ def test_known_applicable_probes_pass():
     assert select_probes(["mqar_distance"], MQAR_RUN) == ["mqar_distance"]
 
 
+ALLOWED = ", ".join(PROBES)  # every registered probe, in registry order
+
+
 @pytest.mark.parametrize("names, cfg, message", [
     ([], MQAR_RUN, f"probes: name at least one; allowed: {ALLOWED}"),
     (["nope"], MQAR_RUN, f"probes: unknown probe 'nope'; allowed: {ALLOWED}"),

@@ -45,6 +45,7 @@ class ModelConfig:
     norm: str = "layernorm"
     tie_embeddings: bool = False
     embed_std: float = 1.0  # init scale of the token embedding
+    train_embeddings: bool = True  # false: embedding and unembedding keep their random init (fixed codes)
     pos_std: float = 0.02  # init scale of the learned (or shortformer) position table
     # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
     # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tmem.memory.reads import SCORES as _READS
+
 NORMS = ("layernorm", "rmsnorm", "none")
 
 
@@ -36,14 +38,9 @@ def rope(x_bthd: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax
 
 
 # The score function applied to the keys' match W_in x (Chapter 5): the read of
-# the slow memory. Gated variants multiply by a second, linear match.
-SCORES = {
-    "linear": lambda h: h,
-    "relu": jax.nn.relu,
-    "relu2": lambda h: jnp.square(jax.nn.relu(h)),
-    "gelu": jax.nn.gelu,
-    "swiglu": jax.nn.silu,
-}
+# the slow memory, from tmem.memory.reads. Gated variants multiply by a second, linear match.
+SCORES = {name: _READS[read] for name, read in
+          (("linear", "linear"), ("relu", "relu"), ("relu2", "relu2"), ("gelu", "gelu"), ("swiglu", "silu"))}
 GATED = {"swiglu"}
 MLPS = ("none", *SCORES)
 
@@ -58,12 +55,14 @@ class MLP(nnx.Module):
         self.w_out = nnx.Linear(hidden, width, use_bias=bias, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """The hidden activation, the key that W_out reads (Chapter 14), is sown as `hidden`."""
         h = self.w_in(x)
         if self.score in GATED:
             h, gate = jnp.split(h, 2, axis=-1)
             h = SCORES[self.score](h) * gate
         else:
             h = SCORES[self.score](h)
+        self.sow(nnx.Intermediate, "hidden", h, capture_noop=True)
         return self.w_out(h)
 
 

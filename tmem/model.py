@@ -11,6 +11,10 @@ from tmem.layers import MLP, make_norm
 from tmem.mixers import MIXERS
 
 
+class Fixed(nnx.Variable):
+    """A weight training does not change: not an nnx.Param, so the optimizer never sees it."""
+
+
 class Block(nnx.Module):
     """x += mixer(norm x); x += mlp(norm x). The mixer is the fast memory, the MLP the slow one."""
 
@@ -56,6 +60,11 @@ class LM(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(m.depth)])
         self.norm = make_norm(m.norm, m.width, rngs)
         self.unembed = None if m.tie_embeddings else nnx.Linear(m.width, vocab_size, use_bias=False, rngs=rngs)
+        if not m.train_embeddings:
+            # Random fixed token codes: whatever the model stores must then live in its blocks.
+            self.embed.embedding = Fixed(self.embed.embedding[...])
+            if self.unembed is not None:
+                self.unembed.kernel = Fixed(self.unembed.kernel[...])
 
     def __call__(self, tokens_bt, *, positions=None, head_mask=None, states=None):
         logits, _ = self.forward(tokens_bt, positions=positions, head_mask=head_mask, states=states)

@@ -4,6 +4,7 @@ one line in MIXERS (its config dataclass and its module) and one YAML file."""
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
+from tmem.mixers.none import NoMixer, NoneConfig
 
 MIXERS: dict[str, tuple[type, type]] = {
     "softmax": (SoftmaxConfig, SoftmaxAttention),
@@ -15,6 +16,7 @@ MIXERS: dict[str, tuple[type, type]] = {
     "mamba2": (FastWeightConfig, FastWeight),
     "deltanet": (FastWeightConfig, FastWeight),
     "gated_deltanet": (FastWeightConfig, FastWeight),
+    "none": (NoneConfig, NoMixer),  # no mixing: each position alone (the slow memory's one-block model)
 }
 
 __all__ = ["MIXERS"]

@@ -1,0 +1,45 @@
+"""The capacity probe through the eval frame: a report entry per store, a figure; the table at d_k = 64."""
+
+import json
+
+import pytest
+
+from conftest import run_entry
+from tmem.config import LoggerConfig
+from tmem.train.evaluate import evaluate
+
+
+def test_probe_reports_each_store_beside_theory_without_a_run(tmp_path):
+    options = {"capacity": {"d_k": 8, "stores": ["hebbian", "softmax"], "softmax_d_k": 8, "betas": [1, 2],
+                            "queries": 256, "softmax_queries": 256}}
+    report = evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"), options=options)
+    table = report["capacity"]
+    assert set(table) >= {"hebbian", "softmax", "d_k", "seconds"}
+    assert table["hebbian"]["capacity"] == pytest.approx(table["hebbian"]["theory"], rel=0.2)
+    assert table["hebbian"]["formula"] == 8 and table["hebbian"]["theory"] == 9
+    soft = table["softmax"]
+    assert soft["beta"] == pytest.approx(8**0.5) and [e["beta"] for e in soft["trend"]] == [1, 2, pytest.approx(8**0.5)]
+    capacities = [e["capacity"] for e in soft["trend"]]
+    assert capacities == sorted(capacities)  # exponential in beta
+    assert (tmp_path / "capacity.png").stat().st_size > 0
+    assert json.loads((tmp_path / "report.json").read_text())["capacity"]["hebbian"]["capacity"] > 0
+
+
+def test_unknown_store_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="unknown.*allowed: hebbian"):
+        evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
+                 options={"capacity": {"stores": ["hopfield"]}})
+
+
+@pytest.mark.slow
+def test_the_table_at_d_k_64_is_within_ten_percent_of_the_exact_moment_forms(tmp_path):
+    done = run_entry("eval.py", "probes=[capacity]", "logger=disabled", f"hydra.run.dir={tmp_path}", timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = json.loads((tmp_path / "report.json").read_text())["capacity"]
+    assert table["d_k"] == 64
+    for store in ("hebbian", "lstsq", "relu", "relu2", "relu3"):
+        assert abs(table[store]["capacity"] / table[store]["theory"] - 1) < 0.1, (store, table[store])
+    trend = table["softmax"]["trend"]
+    assert [e["beta"] for e in trend] == sorted(e["beta"] for e in trend)
+    for e in trend:
+        assert abs(e["capacity"] / e["theory"] - 1) < 0.1, e

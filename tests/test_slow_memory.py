@@ -1,0 +1,60 @@
+"""Gathering the memorize sweep: facts stored, MLP parameters, bits per parameter, random-key capacity."""
+
+import csv
+import json
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from tmem.memory.capacity import capacity_theory
+from tmem.probes import slow_memory
+
+
+def fake_run(root, name, score, expansion, accuracy, num_facts=1024, status="completed"):
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    cfg = compose_config(["experiment=memorize", f"mlp={score}", f"mlp.expansion={expansion}",
+                          f"task.num_facts={num_facts}"])
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    (run / "summary.json").write_text(json.dumps({"eval/accuracy": accuracy, "status": status, "steps": 4000}))
+    return run
+
+
+def test_parameters_facts_and_bits_per_parameter(tmp_path):
+    fake_run(tmp_path, "a", "relu", 2, 0.5)
+    fake_run(tmp_path, "b", "swiglu", 2, 0.25)
+    fake_run(tmp_path, "c", "relu2", 4, 1.0)
+    rows = {r["score"]: r for r in slow_memory.gather([tmp_path])}
+    d = 16
+    relu, swiglu, relu2 = rows["relu"], rows["swiglu"], rows["relu2"]
+    assert (relu["hidden"], relu["mlp_params"]) == (32, 2 * d * 32)
+    assert swiglu["mlp_params"] == 3 * d * 32  # the gate has its own weights
+    assert relu["facts_stored"] == 512 and swiglu["facts_stored"] == 256
+    assert relu["bits_per_param"] == pytest.approx(512 * math.log2(64) / (2 * d * 32))
+    assert relu["random_key_capacity"] == pytest.approx(capacity_theory("relu", d), abs=0.1)
+    assert relu["random_key_facts"] == 32  # min(hidden units, capacity 2d + 1 = 33)
+    assert relu2["random_key_facts"] == 64  # hidden units bind before the capacity (about 193)
+    # without checkpoints convergence is known only when every fact is stored
+    assert relu2["converged"] and not relu["converged"]
+
+
+def test_mlp_parameter_count_matches_the_model():
+    from tmem.config import validate
+    from tmem.model import build_model, count_params
+
+    for score in ("relu", "swiglu"):
+        cfg = validate(compose_config(["experiment=memorize", f"mlp={score}", "mlp.expansion=2", "mlp.bias=true"]))
+        assert slow_memory.mlp_params(16, 32, score, True) == count_params(build_model(cfg, cfg.task).blocks[0].mlp)
+
+
+def test_main_writes_the_table_and_figure(tmp_path, capsys):
+    for i, e in enumerate((0.5, 1, 2)):
+        fake_run(tmp_path / "sweep", str(i), "relu", e, 0.2 * (i + 1))
+    assert slow_memory.main([str(tmp_path / "sweep")]) == 0
+    with open(tmp_path / "sweep" / "slow_memory.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    assert (tmp_path / "sweep" / "slow_memory.png").stat().st_size > 0
+    assert "bits/param" in capsys.readouterr().out
+    assert slow_memory.main([str(tmp_path / "empty")]) == 2

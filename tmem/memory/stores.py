@@ -1,0 +1,104 @@
+"""Writes of a matrix memory (Chapters 3, 4 and 14): add, least squares, delta, RLS, edit.
+
+The state is key-major, S in R^{d_k x d_v}, read o = S^T q: the transpose of
+the note's W = V^T K (S = W^T), the layout of the mixers (anchors/mixers.md).
+Keys K [M, d_k] and values V [M, d_v] hold one pair per row, as in the note.
+Everything here is one unbatched store; vmap for a batch of stores.
+
+The writes form one ladder. Hebbian adds v k^T; every later rung is a
+*corrective* write S + u (v - S^T k)^T that adds the prediction error along a
+write direction u: the delta rule (u = beta k), recursive least squares
+(u = R k / (1 + k^T R k)) and the rank-one edit (u = C^-1 k / k^T C^-1 k).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def hebbian_write(K: jax.Array, V: jax.Array) -> jax.Array:
+    """S = sum_i k_i v_i^T = K^T V: the outer-product store (Chapter 3, W = V^T K)."""
+    return K.T @ V
+
+
+def add_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0) -> jax.Array:
+    """One Hebbian write, S + beta k v^T (the linear-attention update)."""
+    return S + beta * jnp.outer(k, v)
+
+
+def lstsq_write(K: jax.Array, V: jax.Array, ridge: float = 0.0) -> jax.Array:
+    """The least-squares store argmin_S sum_i ||S^T k_i - v_i||^2 (+ ridge ||S||^2) (Chapter 4, D3).
+
+    M <= d_k: S = K^T (K K^T)^-1 V, the minimum-norm exact store (the dual basis);
+    M >  d_k: S = (K^T K)^-1 K^T V, the note's W = V^T K (K^T K)^-1 transposed.
+    Both are the same ridge solution; the form solves the smaller system.
+    """
+    M, d_k = K.shape
+    if M <= d_k:
+        gram = K @ K.T + ridge * jnp.eye(M, dtype=K.dtype)
+        return K.T @ jnp.linalg.solve(gram, V)
+    gram = K.T @ K + ridge * jnp.eye(d_k, dtype=K.dtype)
+    return jnp.linalg.solve(gram, K.T @ V)
+
+
+def corrective_write(S: jax.Array, k: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
+    """S + u (v - S^T k)^T: write the error of the read at k along the direction u.
+
+    The read is taken at full float32 precision (no TF32 on GPUs), so the write
+    can serve as the oracle of faster forms.
+    """
+    return S + jnp.outer(u, v - jnp.dot(k, S, precision=jax.lax.Precision.HIGHEST))
+
+
+def delta_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0) -> jax.Array:
+    """The delta rule S + beta k (v - S^T k)^T = (I - beta k k^T) S + beta k v^T (Chapters 4, 10).
+
+    One SGD step of size beta on 1/2 ||S^T k - v||^2; with a unit key and
+    beta = 1 the pair is stored exactly (S^T k = v afterwards).
+    """
+    return corrective_write(S, k, beta * k, v)
+
+
+def delta_writes(S: jax.Array, K: jax.Array, V: jax.Array, beta=1.0) -> jax.Array:
+    """Delta writes of the pairs in order (a scan); beta a scalar or one per pair [M]."""
+    beta = jnp.broadcast_to(jnp.asarray(beta, S.dtype), K.shape[:1])
+
+    def step(S, kvb):
+        k, v, b = kvb
+        return delta_write(S, k, v, b), None
+
+    return jax.lax.scan(step, S, (K, V, beta))[0]
+
+
+def rls_init(d_k: int, d_v: int, ridge: float = 1.0, dtype=jnp.float32):
+    """Empty recursive-least-squares store: S = 0 and R = (ridge I)^-1."""
+    return jnp.zeros((d_k, d_v), dtype), jnp.eye(d_k, dtype=dtype) / ridge
+
+
+def rls_write(state, k: jax.Array, v: jax.Array):
+    """One RLS write (Derivation D5): the delta rule along R k, R updated by Sherman-Morrison.
+
+    After t writes S equals the ridge store (sum k k^T + ridge I)^-1 K^T V.
+    """
+    S, R = state
+    Rk = R @ k
+    denom = 1.0 + k @ Rk
+    return corrective_write(S, k, Rk / denom, v), R - jnp.outer(Rk, Rk) / denom
+
+
+def rls_writes(state, K: jax.Array, V: jax.Array):
+    """RLS writes of the pairs in order (a scan)."""
+    return jax.lax.scan(lambda st, kv: (rls_write(st, *kv), None), state, (K, V))[0]
+
+
+def rank_one_edit(S: jax.Array, k_star: jax.Array, v_star: jax.Array, C: jax.Array | None = None) -> jax.Array:
+    """Chapter 14's edit: the least change of S (in the metric C) with S'^T k* = v*.
+
+    S' = S + C^-1 k* (v* - S^T k*)^T / (k*^T C^-1 k*), C the uncentred second
+    moment E[k k^T] of the keys the memory reads. Every key k with
+    k^T C^-1 k* = 0 reads as before. C = None is the plain (unwhitened) edit,
+    which leaves the keys orthogonal to k* unchanged instead.
+    """
+    u = k_star if C is None else jnp.linalg.solve(C, k_star)
+    return corrective_write(S, k_star, u / (k_star @ u), v_star)

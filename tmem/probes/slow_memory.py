@@ -1,0 +1,167 @@
+"""How many facts a trained MLP holds, per score function: the memorize sweep, gathered.
+
+    python train.py -m experiment=memorize                   # the sweep (configs/experiment/memorize.yaml)
+    python -m tmem.probes.slow_memory multirun/<date>/<time> [--out DIR]
+
+Reads every finished memorize run under the directories (summary.json beside
+.hydra/config.yaml) and writes `slow_memory.csv` and `slow_memory.png`: facts
+stored (argmax correct over the facts themselves) and bits per parameter
+(facts x log2 of the value vocabulary over the MLP's parameters) against the
+MLP's parameters, one line per score function, beside the random-key
+capacity of the same read at the model width (Chapter 5's exact-moment
+theory; SwiGLU with its gate tied to its keys). A memory of m hidden units
+holds at most m random pairs that way, so the random-key count is
+min(m, capacity). A run counts as converged when it stored every fact or
+gained under 1% of the facts over its last quarter (from its checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from tmem.layers import GATED
+from tmem.memory.capacity import capacity_theory
+from tmem.probes.recall_curves import find_runs
+
+# the score function of an MLP -> the store of the capacity table with the same read
+READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "gelu": "gelu", "swiglu": "swiglu"}
+COLUMNS = ["score", "width", "hidden", "mlp_params", "num_facts", "num_values", "chance_facts", "facts_stored",
+           "accuracy", "bits_per_param", "random_key_capacity", "random_key_facts", "status", "steps", "gain_last_quarter",
+           "converged", "wall_seconds", "run_dir"]
+
+
+def mlp_params(width: int, hidden: int, score: str, bias: bool) -> int:
+    """Parameters of y = W_out s(W_in x): the gated scores' W_in has two halves."""
+    n_in = 2 * hidden if score in GATED else hidden
+    return width * n_in + hidden * width + ((n_in + width) if bias else 0)
+
+
+def _accuracy_history(run_dir: Path) -> dict[int, float]:
+    from tmem.train.checkpoint import Checkpoints
+
+    if not (run_dir / "checkpoints").is_dir():
+        return {}
+    ckpts = Checkpoints(run_dir / "checkpoints")
+    try:
+        return {s: ckpts.metrics(s).get("eval/accuracy") for s in ckpts.steps()}
+    finally:
+        ckpts.close()
+
+
+def read_run(run_dir: Path) -> dict | None:
+    """One row for a memorize run, or None for any other run."""
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    if cfg.task.name != "memorize" or cfg.mlp.name == "none":
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    d, score = int(cfg.model.width), str(cfg.mlp.name)
+    hidden = int(round(cfg.mlp.expansion * d))
+    params = mlp_params(d, hidden, score, bool(cfg.mlp.bias))
+    F, n_values = int(cfg.task.num_facts), int(cfg.task.num_values)
+    accuracy = float(summary["eval/accuracy"])
+    stored = int(round(accuracy * F))
+    history = {s: a for s, a in _accuracy_history(run_dir).items() if a is not None}
+    steps = sorted(history)
+    gain = None
+    if len(steps) >= 2:
+        quarter = [s for s in steps if s <= steps[-1] * 3 / 4]
+        if quarter:
+            gain = int(round((history[steps[-1]] - history[quarter[-1]]) * F))
+    cap = capacity_theory(READ_OF_SCORE[score], d)
+    return {
+        "score": score, "width": d, "hidden": hidden, "mlp_params": params, "num_facts": F,
+        "num_values": n_values, "chance_facts": F / n_values, "facts_stored": stored, "accuracy": accuracy,
+        "bits_per_param": stored * math.log2(n_values) / params,
+        "random_key_capacity": round(cap, 1), "random_key_facts": int(min(hidden, cap)),
+        "status": summary.get("status"), "steps": summary.get("steps"), "gain_last_quarter": gain,
+        "converged": stored == F or (gain is not None and gain < 0.01 * F),
+        "wall_seconds": summary.get("wall_seconds"), "run_dir": str(run_dir),
+    }
+
+
+def gather(roots) -> list[dict]:
+    rows = [r for r in (read_run(p) for p in find_runs(roots)) if r is not None]
+    return sorted(rows, key=lambda r: (r["score"], r["mlp_params"]))
+
+
+def to_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def figure(rows: list[dict]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_f, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    scores = sorted({r["score"] for r in rows})
+    for i, s in enumerate(scores):
+        rs = sorted((r for r in rows if r["score"] == s), key=lambda r: r["mlp_params"])
+        p = [r["mlp_params"] for r in rs]
+        c = plt.cm.tab10(i % 10)
+        ax_f.plot(p, [max(r["facts_stored"], 0.8) for r in rs], "o-", color=c, label=s)
+        ax_f.plot(p, [r["random_key_facts"] for r in rs], "--", color=c, lw=0.8, marker="o", mfc="none", ms=4)
+        ax_b.plot(p, [r["bits_per_param"] for r in rs], "o-", color=c, label=s)
+        for r in rs:
+            if not r["converged"]:
+                ax_f.plot(r["mlp_params"], max(r["facts_stored"], 0.8), "x", color="k", ms=7)
+    if rows:
+        ax_f.axhline(rows[0]["num_facts"], color="k", ls=":", lw=1)
+        ax_f.axhline(rows[0]["chance_facts"], color="grey", ls=":", lw=1)
+    ax_f.set(xscale="log", yscale="log", xlabel="MLP parameters", ylabel="facts stored (argmax correct)",
+             title="trained (solid) vs random keys, min(m, capacity) (dashed);\ndotted: all facts, chance")
+    ax_b.set(xscale="log", xlabel="MLP parameters", ylabel="bits per parameter",
+             title=f"facts x log2({rows[0]['num_values'] if rows else 'V'}) / parameters")
+    ticks = sorted({r["mlp_params"] for r in rows})
+    for ax in (ax_f, ax_b):
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=7, rotation=45)
+        ax.minorticks_off()
+    ax_f.legend(fontsize=8, loc="upper left")
+    ax_f.title.set_fontsize(9)
+    ax_b.title.set_fontsize(9)
+    fig.suptitle("The slow memory: a one-block MLP storing a random map (x: not converged)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
+    parser.add_argument("--out", help="where slow_memory.csv and .png go (default: the first root)")
+    args = parser.parse_args(argv)
+    missing = [r for r in args.roots if not Path(r).is_dir()]
+    if missing:
+        print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    rows = gather(args.roots)
+    if not rows:
+        print(f"error: no finished memorize runs under {', '.join(args.roots)}", file=sys.stderr)
+        return 1
+    out = Path(args.out or args.roots[0])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "slow_memory.csv").write_text(to_csv(rows))
+    figure(rows).savefig(out / "slow_memory.png", dpi=120)
+    for r in rows:
+        print(f"{r['score']:>7} hidden {r['hidden']:>4} params {r['mlp_params']:>6}: {r['facts_stored']:>5} facts, "
+              f"{r['bits_per_param']:.2f} bits/param (random keys {r['random_key_facts']})"
+              f"{'' if r['converged'] else ' (not converged)'}")
+    print(f"csv:    {out / 'slow_memory.csv'}")
+    print(f"figure: {out / 'slow_memory.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
