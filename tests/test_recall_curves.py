@@ -12,8 +12,8 @@ from tmem.probes import recall_curves
 def fake_run(root, name, mixer, width, kv, lr, accuracy, seq_len=64):
     run = root / name
     (run / ".hydra").mkdir(parents=True)
-    cfg = compose_config([f"model.width={width}", f"task.num_kv_pairs={kv}", f"optim.lr={lr}",
-                          f"task.seq_len={seq_len}"])
+    cfg = compose_config([f"model.width={width}", f"task.num_kv_pairs={kv}", f"task.seq_len={seq_len}",
+                          *([] if lr is None else [f"optim.lr={lr}"])])
     cfg.mixer.name = mixer  # a mixer this branch may not have: the gather reads names, it builds nothing
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     (run / "summary.json").write_text(json.dumps({"eval/accuracy": accuracy, "eval/loss": 1.0 - accuracy,
@@ -26,11 +26,13 @@ def test_gather_keeps_each_cells_best_run_and_writes_figure_and_csv(tmp_path):
     for i, (mixer, width, kv, lr, acc) in enumerate([
         ("softmax", 32, 4, 1e-3, 0.99), ("softmax", 32, 4, 3e-3, 1.0), ("softmax", 64, 16, 1e-3, 0.98),
         ("linear", 32, 4, 1e-3, 0.7), ("linear", 32, 4, 3e-3, 0.8), ("linear", 64, 16, 1e-3, 0.2),
+        ("softmax", 64, 16, None, 0.97),  # optim.lr null: the mixer's recommended rate
     ]):
         fake_run(sweep, str(i), mixer, width, kv, lr, acc)
     (sweep / "unfinished" / ".hydra").mkdir(parents=True)  # no summary.json: skipped
     rows = recall_curves.gather([sweep])
-    assert len(rows) == 6
+    assert len(rows) == 7
+    assert {r["lr"] for r in rows if r["accuracy"] == 0.97} == {1e-2}
     best = {(r["mixer"], r["width"], r["num_kv_pairs"]): r for r in rows if r["best"]}
     assert best[("softmax", 32, 4)]["lr"] == 3e-3 and best[("linear", 32, 4)]["accuracy"] == 0.8
     assert len(best) == 4
@@ -41,7 +43,7 @@ def test_gather_keeps_each_cells_best_run_and_writes_figure_and_csv(tmp_path):
     assert recall_curves.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
     with open(tmp_path / "out" / "recall_curves.csv") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 6 and set(recall_curves.COLUMNS) == set(table[0])
+    assert len(table) == 7 and set(recall_curves.COLUMNS) == set(table[0])
     assert (tmp_path / "out" / "recall_curves.png").stat().st_size > 0
 
 

@@ -117,3 +117,16 @@ def test_chunked_eval_equals_one_pass(tiny_cfg):
     chunked = make_eval(graphdef, cfg.task, chunk=16)(state.params, state.rest, batch)  # pads 50 -> 64
     for k in whole:
         np.testing.assert_allclose(chunked[k], whole[k], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_default_job_reaches_99_percent(tmp_path):
+    """train.py with no overrides: held-out accuracy 0.99 within its steps (250 to 400 over six seeds)."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_config
+    from tmem.config import validate
+
+    raw = compose_config(["logger=disabled"])
+    summary = run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
+    assert summary["eval/accuracy"] >= 0.99 and summary["target_step"] <= 1000, summary

@@ -12,6 +12,7 @@ from flax import nnx
 @dataclasses.dataclass(frozen=True)
 class NoneConfig:
     name: str = "none"
+    lr: float = 1e-2  # used when optim.lr is null; the memorize experiment's rate
 
     applies_rope: ClassVar[bool] = False
 

@@ -43,7 +43,8 @@ def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     return {
         "mixer": cfg.mixer.name, "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
-        "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)), "lr": float(cfg.optim.lr),
+        "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)),
+        "lr": float(cfg.optim.lr if cfg.optim.lr is not None else cfg.mixer.lr),  # null: the mixer's rate
         "seed": int(cfg.train.seed), "accuracy": summary.get(metric), "loss": summary.get("eval/loss"),
         "status": summary.get("status"), "steps": summary.get("steps"),
         "wall_seconds": summary.get("wall_seconds"), "parameters": summary.get("parameters"),
