@@ -38,14 +38,16 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     args = [*TINY, "train.steps=100000", "train.checkpoint_every=100000", "train.early_stop=false",
             f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (tmp_path / "wandb").exists() and time.time() < deadline:  # the loop is about to start
-        time.sleep(0.2)
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    log = tmp_path.parent / f"{tmp_path.name}.stderr"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        deadline = time.time() + 120
+        while "loss=" not in log.read_text() and time.time() < deadline:  # the progress bar shows a logged step
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    err = log.read_text()
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["checkpoint_step"] == summary["steps"] > 0
