@@ -66,9 +66,9 @@ def gather(roots: list[str | Path]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["seq_len"], r["num_kv_pairs"], r["mixer"], r["width"], r["lr"], r["seed"]))
 
 
-def to_csv(rows: list[dict]) -> str:
+def to_csv(rows: list[dict], columns: list[str] = COLUMNS) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()

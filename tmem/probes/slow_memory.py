@@ -18,8 +18,6 @@ gained under 1% of the facts over its last quarter (from its checkpoints).
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -29,7 +27,7 @@ from omegaconf import OmegaConf
 
 from tmem.layers import GATED
 from tmem.memory.capacity import capacity_theory
-from tmem.probes.recall_curves import find_runs
+from tmem.probes.recall_curves import find_runs, to_csv
 
 # the score function of an MLP -> the store of the capacity table with the same read
 READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "gelu": "gelu", "swiglu": "swiglu"}
@@ -92,14 +90,6 @@ def gather(roots) -> list[dict]:
     return sorted(rows, key=lambda r: (r["score"], r["mlp_params"]))
 
 
-def to_csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
-
-
 def figure(rows: list[dict]):
     import matplotlib
 
@@ -152,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = Path(args.out or args.roots[0])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "slow_memory.csv").write_text(to_csv(rows))
+    (out / "slow_memory.csv").write_text(to_csv(rows, COLUMNS))
     figure(rows).savefig(out / "slow_memory.png", dpi=120)
     for r in rows:
         print(f"{r['score']:>7} hidden {r['hidden']:>4} params {r['mlp_params']:>6}: {r['facts_stored']:>5} facts, "
