@@ -38,6 +38,7 @@ class Task(Protocol):
     heldout_seed: int
     target_metric: str  # the held-out metric train.target refers to
     higher_is_better: bool
+    default_target: float | None  # train.target's value when the config leaves it to the task
 
     @property
     def vocab_size(self) -> int | None: ...  # None for vector tasks, which give token_dim instead
@@ -51,6 +52,7 @@ class TokenTask:
     """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example`."""
 
     input_kind = "tokens"
+    default_target = 0.99  # of the target accuracy
 
     @property
     def vocab_size(self) -> int:

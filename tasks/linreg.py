@@ -42,6 +42,7 @@ class LinReg:
     name = "linreg"
     input_kind = "vectors"
     target_metric = "loss"  # train.target applies to eval/loss, lower is better
+    default_target = None  # no loss means solved: train the whole schedule
     higher_is_better = False
 
     def __post_init__(self):

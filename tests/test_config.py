@@ -83,3 +83,9 @@ def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
 def test_learning_rate_defaults_to_the_mixers_and_a_set_one_wins():
     assert validate(compose_config([])).optim.lr == validate(compose_config([])).mixer.lr
     assert validate(compose_config(["optim.lr=3e-4"])).optim.lr == 3e-4
+
+
+@pytest.mark.parametrize("task, target", [("mqar", 0.99), ("memorize", 1.0), ("linreg", None)])
+def test_the_target_is_the_tasks_own_unless_set(task, target):
+    assert validate(compose_config([f"task={task}"])).train.target == target
+    assert validate(compose_config([f"task={task}", "train.target=0.5"])).train.target == 0.5

@@ -24,6 +24,14 @@ class ConfigError(ValueError):
     """A bad config, described in one line."""
 
 
+def task_target(name: str) -> float | None:
+    """train.target's default: the named task's own (an unknown task is reported by validate)."""
+    return getattr(TASKS.get(name), "default_target", None)
+
+
+OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)
+
+
 def _choice(field: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not one of: {', '.join(map(str, allowed))}")
