@@ -22,7 +22,7 @@ train: setup
 	$(VENV)/bin/python train.py $(ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 $(ARGS)
 
 test-quick: setup
-	$(VENV)/bin/python -m pytest -m "not slow and not notebook" $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 -m "not slow and not notebook" $(ARGS)
