@@ -104,29 +104,39 @@ def figure(rows: list[dict]):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def gather_command(argv, name: str, doc: str, gather_fn, figure_fn, columns: list[str]):
+    """The command line of a sweep gather: read the roots, write `<name>.csv` and `<name>.png`.
+
+    Returns (exit code, rows, output folder); problems get one line on stderr.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
-    parser.add_argument("--out", help="where recall_curves.csv and .png go (default: the first root)")
+    parser.add_argument("--out", help=f"where {name}.csv and .png go (default: the first root)")
     args = parser.parse_args(argv)
     missing = [r for r in args.roots if not Path(r).is_dir()]
     if missing:
         print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    rows = gather(args.roots)
+        return 2, [], None
+    rows = gather_fn(args.roots)
     if not rows:
         print(f"error: no finished runs (summary.json beside .hydra/config.yaml) under {', '.join(args.roots)}",
               file=sys.stderr)
-        return 1
+        return 1, [], None
     out = Path(args.out or args.roots[0])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recall_curves.csv").write_text(to_csv(rows))
-    figure(rows).savefig(out / "recall_curves.png", dpi=120)
-    print(f"{len(rows)} runs, {sum(r['best'] for r in rows)} cells")
-    print(f"csv:    {out / 'recall_curves.csv'}")
-    print(f"figure: {out / 'recall_curves.png'}")
-    return 0
+    (out / f"{name}.csv").write_text(to_csv(rows, columns))
+    figure_fn(rows).savefig(out / f"{name}.png", dpi=120)
+    return 0, rows, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    code, rows, out = gather_command(argv, "recall_curves", __doc__, gather, figure, COLUMNS)
+    if code == 0:
+        print(f"{len(rows)} runs, {sum(r['best'] for r in rows)} cells")
+        print(f"csv:    {out / 'recall_curves.csv'}")
+        print(f"figure: {out / 'recall_curves.png'}")
+    return code
 
 
 if __name__ == "__main__":

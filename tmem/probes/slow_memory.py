@@ -17,7 +17,6 @@ gained under 1% of the facts over its last quarter (from its checkpoints).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -27,7 +26,7 @@ from omegaconf import OmegaConf
 
 from tmem.layers import GATED
 from tmem.memory.capacity import capacity_theory
-from tmem.probes.recall_curves import find_runs, to_csv
+from tmem.probes.recall_curves import find_runs, gather_command
 
 # the score function of an MLP -> the store of the capacity table with the same read
 READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "gelu": "gelu", "swiglu": "swiglu"}
@@ -128,22 +127,9 @@ def figure(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
-    parser.add_argument("--out", help="where slow_memory.csv and .png go (default: the first root)")
-    args = parser.parse_args(argv)
-    missing = [r for r in args.roots if not Path(r).is_dir()]
-    if missing:
-        print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    rows = gather(args.roots)
-    if not rows:
-        print(f"error: no finished memorize runs under {', '.join(args.roots)}", file=sys.stderr)
-        return 1
-    out = Path(args.out or args.roots[0])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "slow_memory.csv").write_text(to_csv(rows, COLUMNS))
-    figure(rows).savefig(out / "slow_memory.png", dpi=120)
+    code, rows, out = gather_command(argv, "slow_memory", __doc__, gather, figure, COLUMNS)
+    if code:
+        return code
     for r in rows:
         print(f"{r['score']:>7} hidden {r['hidden']:>4} params {r['mlp_params']:>6}: {r['facts_stored']:>5} facts, "
               f"{r['bits_per_param']:.2f} bits/param (random keys {r['random_key_facts']})"
