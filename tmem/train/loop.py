@@ -97,6 +97,7 @@ class Trainer:
         self.heldout = jax.jit(lambda: heldout(task))()
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}
+        self.shown: dict = {}  # the progress bar's training figures
 
     # -- the loop ---------------------------------------------------------
 
@@ -115,9 +116,12 @@ class Trainer:
                 if step % t.log_every == 0 or due_eval or stop:
                     self._log(pending, step, bar)
                     pending = []
-                if due_eval and self._eval(step) and t.early_stop:
-                    status = "target_reached"
-                    break
+                if due_eval:
+                    reached = self._eval(step)
+                    self._show(bar)
+                    if reached and t.early_stop:
+                        status = "target_reached"
+                        break
                 if step % t.checkpoint_every == 0:
                     self._save()
                 if stop:
@@ -152,9 +156,14 @@ class Trainer:
         self._check_finite(step)
         self.tracker.log(means, step)
         bar.update(step - bar.n)
-        shown = {"loss": f"{means['train/loss']:.3f}"}
+        self.shown = {"loss": f"{means['train/loss']:.3f}"}
         if "train/accuracy" in means:
-            shown["acc"] = f"{means['train/accuracy']:.3f}"
+            self.shown["acc"] = f"{means['train/accuracy']:.3f}"
+        self._show(bar)
+
+    def _show(self, bar) -> None:
+        """The progress bar's figures: the last logged training means and the latest evaluation."""
+        shown = dict(self.shown)
         if self.metric in self.last_eval:
             shown[self.metric] = f"{self.last_eval[self.metric]:.4f}"
         bar.set_postfix(shown)
