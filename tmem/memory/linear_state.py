@@ -29,6 +29,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tmem.memory.reads import linear_read
+from tmem.memory.stores import add_write, delta_write
+
 HIGHEST = jax.lax.Precision.HIGHEST  # no TF32 on GPUs: the forms must agree to ~1e-6
 
 
@@ -54,13 +57,15 @@ def recurrent(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None
     out_dtype = v.dtype
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
 
+    # the stores' own writes and read (tmem.memory.stores, .reads), one head of one example each:
+    # the delta rule writes the error of what the decayed state recalls at k_t
+    write = jax.vmap(jax.vmap(delta_write if delta else add_write))
+    read = jax.vmap(jax.vmap(linear_read))
+
     def write_and_read(S, x):
         q_t, k_t, v_t, g_t, beta_t = x  # [B, H, d] and beta_t [B, H]
-        S = jnp.exp(g_t)[..., None] * S  # Diag(a_t) S: a_t scales key channels, the rows
-        if delta:  # write the error of what the state recalls at k_t
-            v_t = v_t - einsum("bhk,bhkv->bhv", k_t, S)
-        S = S + beta_t[..., None, None] * k_t[..., :, None] * v_t[..., None, :]
-        return S, einsum("bhk,bhkv->bhv", q_t, S)
+        S = write(jnp.exp(g_t)[..., None] * S, k_t, v_t, beta_t)  # Diag(a_t) S: a_t scales key channels
+        return S, read(S, q_t)
 
     time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
     final, o = jax.lax.scan(write_and_read, state, tuple(map(time_major, (q, k, v, log_a, beta))))

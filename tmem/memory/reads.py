@@ -37,8 +37,11 @@ SCORES: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 def linear_read(S: jax.Array, q: jax.Array) -> jax.Array:
-    """o = S^T q for queries q [..., d_k] of a key-major state S [d_k, d_v]."""
-    return q @ S
+    """o = S^T q for queries q [..., d_k] of a key-major state S [d_k, d_v].
+
+    At full float32 precision (no TF32 on GPUs), so the recurrent form built on it stays an oracle.
+    """
+    return jnp.matmul(q, S, precision=jax.lax.Precision.HIGHEST)
 
 
 def score_weights(K: jax.Array, q: jax.Array, score: str) -> jax.Array:
