@@ -73,6 +73,18 @@ def run_entry(script: str, *args: str, timeout: float = 300, **kwargs) -> subpro
                           text=True, timeout=timeout, **kwargs)
 
 
+@pytest.fixture
+def model_and_tokens(tiny_cfg):
+    """make(*overrides) -> (config, a freshly built model, a batch of 3 random token sequences)."""
+    def make(*overrides):
+        from tmem.model import build_model
+
+        cfg, _ = tiny_cfg(*overrides)
+        tokens = jax.random.randint(jax.random.key(1), (3, cfg.task.seq_len), 0, cfg.task.vocab)
+        return cfg, build_model(cfg, cfg.task), tokens
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A finished tiny training run directory (train.py as a subprocess), shared by tests that read one."""

@@ -16,15 +16,6 @@ from tmem.model import build_model
 ROWS = ("linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
 
 
-@pytest.fixture
-def model_and_tokens(tiny_cfg):
-    def make(*overrides):
-        cfg, _ = tiny_cfg(*overrides)
-        tokens = jax.random.randint(jax.random.key(1), (2, cfg.task.seq_len), 0, cfg.task.vocab)
-        return cfg, build_model(cfg, cfg.task), tokens
-    return make
-
-
 @pytest.mark.parametrize("row", ROWS)
 def test_every_row_is_causal_and_its_chunked_form_equals_its_recurrence(model_and_tokens, row):
     # chunk 5 does not divide T = 16; GLA's vector decay then keeps per-channel blocks of 5
@@ -58,17 +49,17 @@ def test_state_size_counts_what_a_call_hands_on(model_and_tokens):
     per_example = sum(x.size for x in jax.tree.leaves(states[0])) // tokens.shape[0]
     assert per_example == cfg.mixer.state_size(cfg.model.width, cfg.task.seq_len)
     # 2 heads of 8-wide keys: dpfp with nu = 2 makes 32-wide features, the memory 32 x 8 per head
-    assert states[0].memory.shape == (2, 2, 32, 8)
+    assert states[0].memory.shape == (tokens.shape[0], 2, 32, 8)
 
 
 def test_positions_read_out_the_same_logits_and_the_state_is_captured(model_and_tokens):
     cfg, model, tokens = model_and_tokens("mixer=linear", "mixer.feature_map=elu", "mixer.normalize=true")
-    positions = jnp.array([[0, 5], [3, 15]])
+    positions = jnp.array([[0, 5], [3, 15], [9, 9]])
     full, picked, (_, intermediates) = fast_jit(lambda m, t, p: (m(t), m(t, positions=p), nnx.capture(
         m, nnx.Intermediate)(t)))(model, tokens, positions)
     np.testing.assert_allclose(picked, jnp.take_along_axis(full, positions[..., None], 1), rtol=1e-5, atol=1e-5)
     state = intermediates["blocks"][0]["mixer"]["state"][0]
-    assert state.shape == (2, cfg.mixer.heads, 8, 8 + 1)  # the normaliser is one more value column
+    assert state.shape == (tokens.shape[0], cfg.mixer.heads, 8, 8 + 1)  # the normaliser is one more value column
 
 
 def test_gated_delta_with_no_decay_is_deltanet():

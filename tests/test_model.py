@@ -10,15 +10,6 @@ from tmem.layers import MLPS
 from tmem.model import build_model, load_weights
 
 
-@pytest.fixture
-def model_and_tokens(tiny_cfg):
-    def make(*overrides):
-        cfg, _ = tiny_cfg(*overrides)
-        tokens = jax.random.randint(jax.random.key(1), (3, cfg.task.seq_len), 0, cfg.task.vocab)
-        return cfg, build_model(cfg, cfg.task), tokens
-    return make
-
-
 @pytest.mark.parametrize("overrides", [(), ("model.positions=learned",), ("model.positions=none", "mlp=swiglu"),
                                        ("model.norm=rmsnorm", "mlp=relu", "model.tie_embeddings=false")])
 def test_outputs_do_not_depend_on_later_inputs(model_and_tokens, overrides):
