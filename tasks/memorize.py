@@ -18,7 +18,6 @@ value vocabulary only (argmax among the values).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +57,6 @@ class Memorize:
     def heldout_size(self) -> int:
         """Sequences in one pass over the facts."""
         return self.num_facts // self.seq_len
-
-    @property
-    def bits_per_fact(self) -> float:
-        return math.log2(self.num_values)
 
     def values(self) -> jax.Array:
         """The map: value index (0 .. num_values - 1) of every key."""
