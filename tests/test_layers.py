@@ -1,11 +1,11 @@
-"""Shared layers: the short causal convolution."""
+"""Shared layers: the short causal convolution and its written-out backward."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tmem.layers import ShortConv
+from tmem.layers import ShortConv, causal_conv
 
 
 def test_short_conv_is_a_causal_depthwise_filter_that_continues():
@@ -20,3 +20,16 @@ def test_short_conv_is_a_causal_depthwise_filter_that_continues():
     first, tail = conv(x[:, :5])
     second, _ = conv(x[:, 5:], tail)
     np.testing.assert_allclose(jnp.concatenate([first, second], 1), y, rtol=1e-6, atol=1e-6)
+
+
+def test_causal_conv_gradients_equal_those_of_its_definition():
+    padded, w, g = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                    enumerate([(2, 12, 5), (4, 5), (2, 9, 5)]))
+
+    def definition(padded, w):
+        return sum(padded[:, i:i + 9] * w[i][None, None] for i in range(4))
+
+    want = jax.vjp(definition, padded, w)[1](g)
+    got = jax.vjp(causal_conv, padded, w)[1](g)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

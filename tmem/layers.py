@@ -66,8 +66,38 @@ class MLP(nnx.Module):
         return self.w_out(h)
 
 
+@jax.custom_vjp
+def causal_conv(padded: jax.Array, w: jax.Array) -> jax.Array:
+    """y_t = sum_i w_i * padded_{t+i}: padded [B, T+K-1, C] (K-1 earlier inputs first), w [K, C] -> [B, T, C].
+
+    Row K-1 of the kernel multiplies the current token, row 0 the one K-1 steps
+    back. The backward is written out (the same filter run backwards over the
+    padded output gradient): with XLA's own, a pad per tap summed and
+    transposed in one fusion, a CPU training step of the linear row took 82 ms
+    against 68 ms with this one.
+    """
+    K, T = w.shape[0], padded.shape[1] - w.shape[0] + 1
+    return sum(padded[:, i:i + T] * w[i][None, None] for i in range(K))
+
+
+def _causal_conv_fwd(padded, w):
+    return causal_conv(padded, w), (padded, w)
+
+
+def _causal_conv_bwd(residuals, g):
+    padded, w = residuals
+    K, T = w.shape[0], g.shape[1]
+    g_padded = jnp.pad(g, ((0, 0), (K - 1, K - 1), (0, 0)))  # input s feeds outputs s-K+1 .. s
+    d_padded = sum(g_padded[:, K - 1 - i:K - 1 - i + padded.shape[1]] * w[i][None, None] for i in range(K))
+    d_w = jnp.stack([jnp.einsum("btc,btc->c", g, padded[:, i:i + T]) for i in range(K)])
+    return d_padded, d_w
+
+
+causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
+
+
 class ShortConv(nnx.Module):
-    """Depthwise causal convolution over time: y_t = sum_{i<K} w_i * x_{t-i}, channel by channel.
+    """Depthwise causal convolution over time: y_t = sum_{i<K} w_{K-1-i} * x_{t-i}, channel by channel.
 
     Gives each token a view of the few tokens before it, the previous-token
     information a fast-weight memory cannot compute by itself (its read is a
@@ -87,9 +117,7 @@ class ShortConv(nnx.Module):
         if tail is None:
             tail = jnp.zeros((B, K - 1, C), x_btc.dtype)
         padded = jnp.concatenate([tail.astype(x_btc.dtype), x_btc], axis=1)
-        w = self.kernel[...]
-        # row K-1 of the kernel multiplies the current token, row 0 the one K-1 steps back
-        y = sum(padded[:, i:i + T] * w[i][None, None] for i in range(K))
+        y = causal_conv(padded, self.kernel[...])
         if self.bias is not None:
             y = y + self.bias[...][None, None]
         return y, padded[:, T:]
