@@ -46,9 +46,7 @@ def inputs(row: str | None, B: int, T: int, H: int, d: int) -> dict:
     decay, strength, delta = ROWS[row]
     if delta:
         x["k"] = x["k"] / jnp.linalg.norm(x["k"], axis=-1, keepdims=True)
-    if decay == "fixed":
-        x["log_a"] = jnp.broadcast_to(jnp.log(1 - 2.0 ** (-5.0 - jnp.arange(H)))[:, None], (B, T, H, 1))
-    elif decay in ("scalar", "vector"):
+    if decay in ("scalar", "vector"):
         width = 1 if decay == "scalar" else d
         x["log_a"] = jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H, width))) / 16
     if strength:
@@ -56,38 +54,53 @@ def inputs(row: str | None, B: int, T: int, H: int, d: int) -> dict:
     return x
 
 
+def fixed_log_decay(B: int, T: int, H: int):
+    """RetNet's decay, log(1 - 2^(-5-h)) per head: a constant of the model, as in the mixer, so not differentiated."""
+    return jnp.broadcast_to(jnp.log(1 - 2.0 ** (-5.0 - jnp.arange(H)))[:, None], (B, T, H, 1))
+
+
 def program(form: str, row: str | None, chunk: int, sub_chunk: int):
-    """(inputs) -> gradients of sum(o * do) with respect to every input."""
+    """(inputs, do) -> the memory's vector-Jacobian product: the gradients of sum(o * do) for every input.
+
+    The cotangent do is an input, random like the rest, so XLA cannot simplify the backward pass,
+    and nothing but the memory is timed: a nonlinear loss such as sum(o cos o) would add about
+    20 ms of sines and cosines at T = 4096 to both forms alike (benchmarks/chunked_on_cpu.py).
+    """
     delta = row is not None and ROWS[row][2]
 
-    def loss(x):
+    def memory(x):
+        if row is not None and ROWS[row][0] == "fixed":
+            x = {**x, "log_a": fixed_log_decay(*x["q"].shape[:3])}
         if form == "softmax":
             T, d = x["q"].shape[1], x["q"].shape[-1]
             mask = jnp.tril(jnp.ones((T, T), bool))[None, None]
-            o, _ = softmax_read(x["q"], x["k"], x["v"], mask, d**-0.5)
-        elif form == "chunked":
-            o, _ = chunked(**x, delta=delta, chunk=chunk, sub_chunk=sub_chunk)
-        else:
-            o, _ = recurrent(**x, delta=delta)
-        return jnp.sum(o * jnp.cos(o))  # a nonlinear loss: the backward pass is not a shortcut
+            return softmax_read(x["q"], x["k"], x["v"], mask, d**-0.5)[0]
+        if form == "chunked":
+            return chunked(**x, delta=delta, chunk=chunk, sub_chunk=sub_chunk)[0]
+        return recurrent(**x, delta=delta)[0]
 
-    return jax.jit(jax.grad(loss))
+    def forward_backward(x, do):
+        _, pullback = jax.vjp(memory, x)
+        return pullback(do)[0]
+
+    return jax.jit(forward_backward)
 
 
 def measure(form, row, T, args) -> dict:
     x = inputs(None if form == "softmax" else row, args.batch, T, args.heads, args.d)
+    do = jax.random.normal(jax.random.key(1), x["v"].shape)
     start = time.perf_counter()
-    compiled = program(form, row, args.chunk, args.sub_chunk).lower(x).compile()
+    compiled = program(form, row, args.chunk, args.sub_chunk).lower(x, do).compile()
     compile_s = time.perf_counter() - start
     temp = compiled.memory_analysis().temp_size_in_bytes
     result = {"form": form, "row": row, "T": T, "compile_s": compile_s, "temp_mb": temp / 2**20, "ms": None}
     if form == "softmax" and temp > args.softmax_limit_gb * 2**30:
         return result
-    jax.block_until_ready(compiled(x))
+    jax.block_until_ready(compiled(x, do))
     best = float("inf")
     for _ in range(args.repeats):
         start = time.perf_counter()
-        jax.block_until_ready(compiled(x))
+        jax.block_until_ready(compiled(x, do))
         best = min(best, time.perf_counter() - start)
     result["ms"] = 1e3 * best
     return result
