@@ -76,7 +76,26 @@ def test_gated_delta_with_no_decay_is_deltanet():
     np.testing.assert_allclose(read(gated, x), read(delta, x), rtol=1e-6, atol=1e-6)
 
 
+def test_the_output_gate_scales_each_read_by_its_activation():
+    """With the gate's projection at zero, sigmoid passes half of the ungated read and silu passes nothing:
+    silu starts every read near zero, which is what stalls heads of few values (MEMORY.md)."""
+    layers = {}
+    for name, extra in (("plain", {}), ("silu", dict(output_gate=True)),
+                        ("sigmoid", dict(output_gate=True, gate_activation="sigmoid"))):
+        layers[name] = FastWeight(FastWeightConfig(heads=2, **extra), 16, rope=False, rngs=nnx.Rngs(0))
+    for name in ("silu", "sigmoid"):
+        for part in ("q", "k", "v", "out", "conv_q", "conv_k", "conv_v", "norm"):
+            setattr(layers[name], part, getattr(layers["plain"], part))
+        layers[name].gate.kernel[...] = jnp.zeros_like(layers[name].gate.kernel[...])
+    x = jax.random.normal(jax.random.key(2), (2, 9, 16))
+    read = {name: fast_jit(lambda m, x: m(x)[0])(layer, x) for name, layer in layers.items()}
+    assert np.abs(read["plain"]).max() > 0.1
+    np.testing.assert_allclose(read["sigmoid"], 0.5 * read["plain"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(read["silu"], 0.0, atol=1e-7)
+
+
 @pytest.mark.parametrize("override, message", [
+    ("mixer.gate_activation=tanh", "mixer.gate_activation='tanh' is not one of: silu, sigmoid"),
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),
     ("mixer.decay=gamma", "mixer.decay='gamma' is not one of: none, fixed, scalar, vector"),

@@ -16,8 +16,8 @@ Around the write: q, k, v projections, an optional short causal convolution
 (with SiLU) on them, a feature map on q and k, optional L2 normalisation of q
 and k, the q scale, an optional normaliser (linear attention's z_t, kept as an
 extra value column of ones), Mamba-2's skip D v, and a per-head RMSNorm of the
-read-out with an optional SiLU gate. The state is key-major (d_k x d_v per
-head, read S^T q), the transpose of the note's S.
+read-out with an optional gate (SiLU or sigmoid). The state is key-major
+(d_k x d_v per head, read S^T q), the transpose of the note's S.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tmem.memory.linear_state import recurrent
 RULES = ("add", "delta")
 DECAYS = ("none", "fixed", "scalar", "vector")
 WRITE_STRENGTHS = ("one", "sigmoid", "dt")
+GATE_ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
 FORMS = ("chunked", "recurrent")
 
 # Initialisations of the reference layers (anchors/mixers.md): Mamba-2's A ~ U(1, 16) and
@@ -64,7 +65,8 @@ class FastWeightConfig:
     short_conv: int = 4  # kernel of the causal depthwise convolution on q, k, v; 0 for none
     skip: bool = False  # Mamba-2's D: add D_h v_t to the read
     output_norm: bool = True  # RMSNorm of each head's read
-    output_gate: bool = False  # multiply the read by silu(W_g x)
+    output_gate: bool = False  # multiply the read by gate_activation(W_g x)
+    gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: trains heads of 8 values where silu stalls (MEMORY.md)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     chunk: int = 16
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
@@ -74,7 +76,8 @@ class FastWeightConfig:
 
     def check(self, width: int) -> None:
         for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
-                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "l2")), ("form", FORMS)):
+                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "l2")), ("form", FORMS),
+                               ("gate_activation", tuple(GATE_ACTIVATIONS))):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
@@ -214,7 +217,7 @@ class FastWeight(nnx.Module):
         if cfg.output_norm:
             o = self.norm(o)
         if cfg.output_gate:
-            o = o * jax.nn.silu(self.gate(x_btd)).reshape(o.shape)
+            o = o * GATE_ACTIVATIONS[cfg.gate_activation](self.gate(x_btd)).reshape(o.shape)
         if head_mask is not None:
             o = o * head_mask[None, None, :, None].astype(o.dtype)
         length = T + (0 if state is None else state.length)
