@@ -78,7 +78,7 @@ def test_gated_delta_with_no_decay_is_deltanet():
 
 def test_the_output_gate_scales_each_read_by_its_activation():
     """With the gate's projection at zero, sigmoid passes half of the ungated read and silu passes nothing:
-    silu starts every read near zero, which is what stalls heads of few values (MEMORY.md)."""
+    silu's gate starts reads near zero, part of why it stalls heads of few values (MEMORY.md)."""
     layers = {}
     for name, extra in (("plain", {}), ("silu", dict(output_gate=True)),
                         ("sigmoid", dict(output_gate=True, gate_activation="sigmoid"))):
