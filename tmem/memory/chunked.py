@@ -39,7 +39,7 @@ def _lower(n: int, strict: bool = False) -> jax.Array:
 def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i (j < i if strict), else 0.
 
-    x, k [..., C, d_k], b [..., C, G] with G = 1 (a scalar decay: a masked
+    x, k [..., C, d_k], b None (no decay) or [..., C, G] with G = 1 (a scalar decay: a masked
     matmul) or G = d_k (a vector decay). A vector decay has no single C x C
     decay matrix, so it is taken in sub-chunks of c tokens: a block of keys
     before the query block factors through the query block's first row and
@@ -47,6 +47,8 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     all c x c x d_k decays (the per-channel form, c d_k exps per token).
     """
     C = x.shape[-2]
+    if b is None:  # no decay: a masked matmul
+        return jnp.where(_lower(C, strict), einsum("...ik,...jk->...ij", x, k), 0.0)
     if b.shape[-1] == 1:
         diff = b[..., :, None, 0] - b[..., None, :, 0]
         decay = jnp.exp(jnp.where(_lower(C, strict), diff, -jnp.inf))
@@ -69,6 +71,10 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     off_block = einsum("...Iik,...IJjk->...IiJj", x_ref, k_ref)
     full = off_block + einsum("...Iij,IJ->...IiJj", on_block, jnp.eye(n, dtype=on_block.dtype))
     return full.reshape(*x.shape[:-2], C, C)
+
+
+def _times(x, factor):
+    return x if factor is None else x * factor
 
 
 def unit_lower_inverse(L, base: int = 8):
@@ -115,6 +121,7 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     vector decay keeps per channel (the largest divisor of chunk up to it is used).
     """
     out_dtype = v.dtype
+    decays, strengths = log_a is not None, beta is not None
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
     B, T, H, dk = k.shape
     N = math.ceil(T / chunk)
@@ -128,33 +135,36 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
         return jnp.moveaxis(x, (1, 3), (0, 2))
 
     q, k, v, g, beta = map(chunks, (q, k, v, log_a, beta))
-    # chunk-local cumulative log decay (no global sum to lose precision), as a matmul with a triangle of
-    # ones: XLA's cumsum on a CPU is a reduce-window several times slower
-    b = einsum("ij,...jg->...ig", _lower(chunk).astype(g.dtype), g)
-    b_end = b[..., -1:, :]
-    q_decayed = q * jnp.exp(b)
-    k_to_end = k * jnp.exp(b_end - b)
+    if decays:
+        # chunk-local cumulative log decay (no global sum to lose precision), as a matmul with a triangle of
+        # ones: XLA's cumsum on a CPU is a reduce-window several times slower
+        b = einsum("ij,...jg->...ig", _lower(chunk).astype(g.dtype), g)
+        b_end = b[..., -1:, :]
+        to_start, to_end, across = jnp.exp(b), jnp.exp(b_end - b), jnp.exp(b_end[..., 0, :])[..., None]
+    else:  # linear attention, DeltaNet: every decay factor is 1, and none is computed (XLA does not fold them)
+        b = to_start = to_end = across = None
+    q_decayed, k_to_end = _times(q, to_start), _times(k, to_end)
     A = intra_scores(q, k, b, sub_chunk)
-    u = beta[..., None] * v
+    u = beta[..., None] * v if strengths else v
     if delta:
         L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True)
-        rhs = jnp.concatenate([u, beta[..., None] * k * jnp.exp(b)], axis=-1)
+        rhs = jnp.concatenate([u, beta[..., None] * _times(k, to_start)], axis=-1)
         solved = einsum("...ij,...jd->...id", unit_lower_inverse(L), rhs)
         u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
 
     def pass_state(S, x):
         if delta:
-            u_n, k_n, b_end_n, w_n = x
+            u_n, k_n, across_n, w_n = x
             u_n = u_n - einsum("...ck,...kv->...cv", w_n, S)
             write = einsum("...ck,...cv->...kv", k_n, u_n)
         else:
-            u_n, write, b_end_n = x
-        return jnp.exp(b_end_n[..., 0, :])[..., None] * S + write, (S, u_n)
+            u_n, write, across_n = x
+        return _times(S, across_n) + write, (S, u_n)
 
     if delta:
-        xs = (u, k_to_end, b_end, w)
+        xs = (u, k_to_end, across, w)
     else:  # what each chunk writes does not depend on the state: all chunks at once, outside the scan
-        xs = (u, einsum("...ck,...cv->...kv", k_to_end, u), b_end)
+        xs = (u, einsum("...ck,...cv->...kv", k_to_end, u), across)
     final, (S_in, u) = jax.lax.scan(pass_state, state, xs)
     o = einsum("...ck,...kv->...cv", q_decayed, S_in) + einsum("...ij,...jv->...iv", A, u)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, N * chunk, H, -1)[:, :T]
