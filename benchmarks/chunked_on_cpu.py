@@ -25,24 +25,12 @@ from __future__ import annotations
 
 import os
 import resource
-import time
 
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from fast_weight_speed import inputs, program  # noqa: E402
-
-
-def best_ms(f, *xs, repeats: int = 10) -> float:
-    f = jax.jit(f)
-    jax.block_until_ready(f(*xs))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(*xs))
-        best = min(best, time.perf_counter() - start)
-    return 1e3 * best
+from fast_weight_speed import best_ms, inputs, program  # noqa: E402
 
 
 def matmul(a, b):
@@ -70,10 +58,8 @@ def faults_per_call(f, *xs, calls: int = 3) -> float:
 def main():
     shape = (64, 4, 4, 64, 64)  # [chunks, batch, heads, 64, 64]: T = 4096 in chunks of 64
     a, b = (jax.random.normal(jax.random.key(i), shape) for i in range(2))
-    one = best_ms(matmul, a, b)
-    rows = best_ms(matmul_rows, a, b)
-    both = best_ms(lambda a, b: (matmul(a, b), matmul(b, a)), a, b)
-    in_turn = best_ms(ordered, a, b)
+    one, rows, both, in_turn = (best_ms(jax.jit(f), a, b, repeats=10) for f in (
+        matmul, matmul_rows, lambda a, b: (matmul(a, b), matmul(b, a)), ordered))
     gflop = 2 * a.size * shape[-1] / 1e9
     print(f"{os.cpu_count()} cores, jax {jax.__version__}; batched matmuls {shape}, {gflop:.2f} GFLOP each")
     print(f"  one matmul, a b                      {one:6.2f} ms  ({gflop / one * 1e3:.0f} GFLOP/s)")
@@ -83,16 +69,17 @@ def main():
 
     for mb in (16, 64):
         x = jax.random.normal(jax.random.key(2), (mb * 2**18,))
-        ms = best_ms(lambda x: 1.5 * x + 1.0, x)
+        ms = best_ms(jax.jit(lambda x: 1.5 * x + 1.0), x, repeats=10)
         print(f"  one elementwise pass over {mb:2d} MB      {ms:6.2f} ms  ({2 * mb / ms:.0f} GB/s read + written)")
     o = 30 * a  # outputs of the size and spread of the benchmark's
-    print(f"  sum(o cos o) and its gradient, 16 MB {best_ms(jax.grad(lambda o: jnp.sum(o * jnp.cos(o))), o):6.2f} ms")
+    loss_grad = jax.jit(jax.grad(lambda o: jnp.sum(o * jnp.cos(o))))
+    print(f"  sum(o cos o) and its gradient, 16 MB {best_ms(loss_grad, o, repeats=10):6.2f} ms")
 
     x = inputs("linear", 4, 4096, 4, 64)
     do = jax.random.normal(jax.random.key(1), x["v"].shape)
     f = program("chunked", "linear", 64, 8)
     temp = f.lower(x, do).compile().memory_analysis().temp_size_in_bytes
-    print(f"linear row, chunked forward + backward at T = 4096: {best_ms(f, x, do, repeats=3):.0f} ms, "
+    print(f"linear row, chunked forward + backward at T = 4096: {best_ms(f, x, do):.0f} ms, "
           f"{temp / 2**20:.0f} MB temporaries, {faults_per_call(f, x, do):.0f} page faults a call "
           f"({temp / 4096:.0f} pages of 4 KB)")
 

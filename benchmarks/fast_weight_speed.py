@@ -86,6 +86,17 @@ def program(form: str, row: str | None, chunk: int, sub_chunk: int):
     return jax.jit(forward_backward)
 
 
+def best_ms(f, *xs, repeats: int = 3) -> float:
+    """The best of `repeats` timed calls of a compiled f(*xs), in ms, after one call to warm it."""
+    jax.block_until_ready(f(*xs))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(f(*xs))
+        best = min(best, time.perf_counter() - start)
+    return 1e3 * best
+
+
 def measure(form, row, T, args) -> dict:
     x = inputs(None if form == "softmax" else row, args.batch, T, args.heads, args.d)
     do = jax.random.normal(jax.random.key(1), x["v"].shape)
@@ -96,13 +107,7 @@ def measure(form, row, T, args) -> dict:
     result = {"form": form, "row": row, "T": T, "compile_s": compile_s, "temp_mb": temp / 2**20, "ms": None}
     if form == "softmax" and temp > args.softmax_limit_gb * 2**30:
         return result
-    jax.block_until_ready(compiled(x, do))
-    best = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(x, do))
-        best = min(best, time.perf_counter() - start)
-    result["ms"] = 1e3 * best
+    result["ms"] = best_ms(compiled, x, do, repeats=args.repeats)
     return result
 
 
