@@ -26,6 +26,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from tmem.memory import chunked, recurrent, softmax_read  # noqa: E402
+from tmem.memory.linear_state import retnet_log_decay  # noqa: E402
 
 ROWS = {  # the memory's inputs for each row: (decay kind, write strength given, delta rule)
     "linear": ("none", False, False),
@@ -54,11 +55,6 @@ def inputs(row: str | None, B: int, T: int, H: int, d: int) -> dict:
     return x
 
 
-def fixed_log_decay(B: int, T: int, H: int):
-    """RetNet's decay, log(1 - 2^(-5-h)) per head: a constant of the model, as in the mixer, so not differentiated."""
-    return jnp.broadcast_to(jnp.log(1 - 2.0 ** (-5.0 - jnp.arange(H)))[:, None], (B, T, H, 1))
-
-
 def program(form: str, row: str | None, chunk: int, sub_chunk: int):
     """(inputs, do) -> the memory's vector-Jacobian product: the gradients of sum(o * do) for every input.
 
@@ -69,8 +65,9 @@ def program(form: str, row: str | None, chunk: int, sub_chunk: int):
     delta = row is not None and ROWS[row][2]
 
     def memory(x):
-        if row is not None and ROWS[row][0] == "fixed":
-            x = {**x, "log_a": fixed_log_decay(*x["q"].shape[:3])}
+        if row is not None and ROWS[row][0] == "fixed":  # a constant of the model, as in the mixer: not differentiated
+            B, T, H, _ = x["q"].shape
+            x = {**x, "log_a": jnp.broadcast_to(retnet_log_decay(H)[:, None], (B, T, H, 1))}
         if form == "softmax":
             T, d = x["q"].shape[1], x["q"].shape[-1]
             mask = jnp.tril(jnp.ones((T, T), bool))[None, None]

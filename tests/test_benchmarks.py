@@ -12,7 +12,7 @@ def test_fast_weight_speed_times_every_row_and_form(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     rows = ["linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet"]
-    timed = {(r["form"], r["row"], r["T"]) for r in results if r["ms"] is not None and r["temp_mb"] >= 0}
+    timed = {(r["form"], r["row"], r["T"]) for r in results if r["ms"] is not None}
     expected = {(form, row, T) for row in rows for form in ("chunked", "recurrent") for T in (32, 48)}
     assert expected | {("softmax", None, 32), ("softmax", None, 48)} == timed
     assert "| retnet | chunked |" in done.stdout

@@ -39,6 +39,11 @@ def einsum(spec: str, *xs):
     return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
+def retnet_log_decay(heads: int) -> jax.Array:
+    """RetNet's fixed decay, log gamma_h with gamma_h = 1 - 2^(-5-h) for head h: [heads]."""
+    return jnp.log(1.0 - 2.0 ** (-5.0 - jnp.arange(heads, dtype=jnp.float32)))
+
+
 def prepare(q, k, v, log_a, beta, state):
     """Inputs in float32 with the defaults filled in: no decay, beta = 1, an empty state."""
     B, T, H, dk = k.shape

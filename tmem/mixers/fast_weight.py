@@ -33,7 +33,7 @@ from flax import nnx, struct
 from tmem.layers import ShortConv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
-from tmem.memory.linear_state import recurrent
+from tmem.memory.linear_state import recurrent, retnet_log_decay
 
 RULES = ("add", "delta")
 DECAYS = ("none", "fixed", "scalar", "vector")
@@ -66,7 +66,7 @@ class FastWeightConfig:
     skip: bool = False  # Mamba-2's D: add D_h v_t to the read
     output_norm: bool = True  # RMSNorm of each head's read
     output_gate: bool = False  # multiply the read by gate_activation(W_g x)
-    gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: trains heads of 8 values where silu stalls (MEMORY.md)
+    gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     chunk: int = 16
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
@@ -170,8 +170,7 @@ class FastWeight(nnx.Module):
         cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
         log_a = beta = None
         if cfg.decay == "fixed":  # RetNet: gamma_h = 1 - 2^(-5-h), not learned
-            gamma = 1.0 - 2.0 ** (-5.0 - jnp.arange(H, dtype=jnp.float32))
-            log_a = jnp.broadcast_to(jnp.log(gamma)[:, None], (B, T, H, 1))
+            log_a = jnp.broadcast_to(retnet_log_decay(H)[:, None], (B, T, H, 1))
         elif cfg.decay == "scalar":
             dt = jax.nn.softplus(self.dt(x_btd) + self.dt_bias[...][None, None])
             log_a = (-jnp.exp(self.A_log[...])[None, None] * dt)[..., None]
