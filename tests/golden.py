@@ -1,0 +1,110 @@
+"""Loss, gradients and initial parameters of every mixer config, at a fixed seed and batch.
+
+`tests/golden.npz` was recorded by `python tests/golden.py` at commit bee913c,
+before the mixers and models moved onto one interface; test_golden.py holds
+today's code to it, so a refactor that changes any row's math or initialisation
+shows up as a failing case. Re-record only for a change meant to alter the math,
+and say so in the commit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from conftest import TINY, TINY_LINREG, compose_config, fast_jit  # noqa: E402
+
+GOLDEN = HERE / "golden.npz"
+MIXERS = sorted(p.stem for p in (HERE.parent / "configs" / "mixer").glob("*.yaml"))
+# A vector-task model each mixer can run: width 16 with a learned read-in (the identity read-in needs
+# width = the token size, 5, which no head count of the fast-weight rows divides).
+VECTOR = [*TINY_LINREG, "model.read_in=learned", "model.width=16", "model.depth=2"]
+
+
+def _with_heads(base, mixer):
+    """Two heads, or none for the mixer without heads (whose key the icl_gd experiment would still set)."""
+    heads = ["~mixer.heads"] if mixer == "none" and "experiment=icl_gd" in base else []
+    return [*base, f"mixer={mixer}", *(heads if mixer == "none" else ["mixer.heads=2"])]
+
+
+def cases() -> dict[str, list[str]]:
+    """Case name -> overrides: every mixer on a token and a vector task, and the model's other switches."""
+    tokens = [o for o in TINY if o != "mixer.heads=2"]
+    out = {f"tokens-{m}": _with_heads(tokens, m) for m in MIXERS}
+    out.update({f"vectors-{m}": _with_heads(VECTOR, m) for m in MIXERS})
+    for name, extra in {
+        "rope": ["model.positions=rope"],
+        "learned": ["model.positions=learned"],
+        "no-positions": ["model.positions=none", "mlp=swiglu"],
+        "rmsnorm-gelu": ["model.norm=rmsnorm", "mlp=gelu", "mixer.qk_norm=true"],
+        "tied-embeddings": ["model.tie_embeddings=true", "mlp=relu2"],
+        "fixed-embeddings": ["model.train_embeddings=false", "mlp=linear", "mlp.bias=true"],
+    }.items():
+        out[f"tokens-softmax-{name}"] = [*tokens, "mixer.heads=2", *extra]
+    out["tokens-gla-mlp"] = [*_with_heads(tokens, "gla"), "mlp=relu", "model.depth=3"]
+    out["vectors-lsa-identity"] = list(TINY_LINREG)
+    out["vectors-lsa-tied"] = [*TINY_LINREG, "model.depth=3", "model.tie_blocks=true", "mixer.init_scale=0.1"]
+    out["vectors-softmax-garg"] = [*_with_heads(VECTOR, "softmax"), "task.format=garg", "task.score=every",
+                                   "model.positions=shortformer"]
+    return out
+
+
+def model_for(cfg):
+    """The model a config builds, at the run's seed (today's entry point for building one)."""
+    from tmem.model import build_model
+
+    return build_model(cfg, cfg.task)
+
+
+def measure(overrides: list[str]) -> dict[str, np.ndarray]:
+    """{"loss": ..., "grad/<path>": ..., "param/<path>": ...} of one case, computed under jit.
+
+    Gradients are kept whole; a parameter only as its sum and norm (float64), which is
+    enough to tell a changed initialisation from changed math.
+    """
+    from tmem.config import validate
+
+    cfg = validate(compose_config(overrides))
+    model = model_for(cfg)
+    batch = cfg.task.sample(jax.random.key(11), 8)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @fast_jit
+    def loss_and_grads(params, rest, batch):
+        def loss(params):
+            m = nnx.merge(graphdef, params, rest)
+            return cfg.task.loss(m(batch.inputs, positions=batch.positions), batch)[0]
+        return jax.value_and_grad(loss)(params)
+
+    loss, grads = loss_and_grads(params, rest, batch)
+    out = {"loss": np.asarray(loss)}
+    for prefix, tree in (("grad", grads), ("param", params)):
+        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(tree))[0]
+        for path, leaf in flat:
+            leaf = np.asarray(leaf)
+            if prefix == "param":
+                leaf = np.array([leaf.sum(dtype=np.float64), np.linalg.norm(leaf.astype(np.float64))])
+            out[f"{prefix}/" + "/".join(str(getattr(k, "key", k)) for k in path)] = leaf
+    return out
+
+
+def record(path: Path = GOLDEN) -> None:
+    arrays = {}
+    for case, overrides in cases().items():
+        for key, value in measure(overrides).items():
+            arrays[f"{case}|{key}"] = value
+        print(case, float(arrays[f"{case}|loss"]))
+    np.savez_compressed(path, **arrays)
+    print(f"wrote {len(arrays)} arrays to {path}")
+
+
+if __name__ == "__main__":
+    record()
