@@ -33,6 +33,7 @@ class Task(Protocol):
 
     name: str
     input_kind: str  # "tokens" or "vectors"
+    layout: str  # "causal" (read left to right) or "prompt" (a set read at once, the query last)
     seq_len: int
     heldout_size: int
     heldout_seed: int
@@ -52,6 +53,7 @@ class TokenTask:
     """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example`."""
 
     input_kind = "tokens"
+    layout = "causal"
     default_target = 0.99  # of the target accuracy
 
     @property

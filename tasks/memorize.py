@@ -35,6 +35,7 @@ class Memorize:
 
     name = "memorize"
     input_kind = "tokens"
+    layout = "causal"
     target_metric = "accuracy"  # the fraction of facts stored (argmax correct)
     default_target = 1.0  # every fact stored
     higher_is_better = True

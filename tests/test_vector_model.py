@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tmem.config import ConfigError, read_in_scheme
+from tmem.config import ConfigError
 from tmem.model import build_model, load_weights
 from tmem.vector_model import VectorModel
 
@@ -73,9 +73,19 @@ def test_config_errors_are_one_line(tiny_cfg, overrides, message):
         linreg_cfg(tiny_cfg, *overrides)
 
 
-def test_token_tasks_reject_vector_only_options(tiny_cfg):
-    with pytest.raises(ConfigError, match="model.tie_blocks=true is implemented for vector tasks only"):
-        tiny_cfg("model.tie_blocks=true")
+def test_token_model_ties_blocks_too(tiny_cfg):
+    """tie_blocks lives in the shared stack, so the token model loops one block as the vector model does."""
+    tied_cfg, _ = tiny_cfg("model.depth=3", "model.tie_blocks=true")
+    untied_cfg, _ = tiny_cfg("model.depth=3")
+    tied, untied = build_model(tied_cfg, tied_cfg.task), build_model(untied_cfg, untied_cfg.task)
+    assert len(tied.blocks) == 1 and len(untied.blocks) == 3
+    weights = nnx.to_pure_dict(nnx.state(tied, nnx.Param))  # the unembedding too: it is drawn after the blocks
+    load_weights(untied, {**weights, "blocks": {i: weights["blocks"][0] for i in range(3)}})
+    tokens = tied_cfg.task.sample(jax.random.key(1), 2).inputs
+    np.testing.assert_allclose(tied(tokens), untied(tokens), rtol=1e-5, atol=1e-6)
+
+
+def test_token_tasks_reject_the_prompt_layout(tiny_cfg):
     with pytest.raises(ConfigError, match="mixer.layout=prompt"):
         tiny_cfg("mixer=lsa", "mixer.heads=1", "mixer.layout=prompt")
 
@@ -87,7 +97,7 @@ def test_token_tasks_reject_vector_only_options(tiny_cfg):
 ])
 def test_auto_layout_and_read_in_follow_the_task(tiny_cfg, overrides, layout, read_in):
     cfg, _ = linreg_cfg(tiny_cfg, "model.read_in=auto", *overrides)
-    assert cfg.mixer.layout == layout and read_in_scheme(cfg) == read_in
+    assert cfg.mixer.layout == layout and cfg.model.read_in == read_in
     assert build_model(cfg, cfg.task).identity == (read_in == "identity")
     mqar, _ = tiny_cfg("mixer=lsa", "mixer.heads=1")
     assert mqar.mixer.layout == "causal"  # causal linear attention on a token task

@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
 from tmem.layers import MLPS, NORMS
-from tmem.mixers import MIXERS
+from tmem.mixers import MIXERS, MixerConfig
 
 
 class ConfigError(ValueError):
@@ -47,8 +47,8 @@ def _positive(**fields) -> None:
 class ModelConfig:
     width: int = 64
     depth: int = 2
-    # auto (shortformer where the mixer has query and key inputs, else none), rope, learned (added to the
-    # residual stream), none, shortformer (learned, added only to the query and key inputs of every mixer)
+    # auto (shortformer where the mixer has query and key inputs, else none; resolved by validation), rope,
+    # learned (added to the residual stream), none, shortformer (learned, added only to every mixer's q and k inputs)
     positions: str = "auto"
     norm: str = "layernorm"
     tie_embeddings: bool = False
@@ -58,9 +58,9 @@ class ModelConfig:
     # Vector tasks only. identity: tokens enter the residual stream as they are (width = the task's
     # token size) and the prediction is minus the last coordinate (von Oswald's y-slot);
     # learned: a linear read-in to the width and a linear read-out after the final norm;
-    # auto: identity when the width is the token size, else learned.
+    # auto: identity when the width is the token size, else learned (resolved by validation).
     read_in: str = "auto"
-    tie_blocks: bool = False  # vector tasks only: one block applied `depth` times (a looped model)
+    tie_blocks: bool = False  # one block applied `depth` times (a looped model), each application with its own state
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
@@ -134,31 +134,28 @@ class TrainConfig:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
 
 
-def position_scheme(cfg) -> str:
-    """The position scheme a model actually uses.
+def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:
+    """The model's "auto" settings made concrete, once, so no module guesses them later.
 
-    `auto` is shortformer where the mixer takes query and key inputs (on MQAR it
-    trains faster than RoPE and costs less per step) and none elsewhere:
+    Positions: shortformer where the mixer takes query and key inputs (on MQAR
+    it trains faster than RoPE and costs less per step), none elsewhere:
     recurrent mixers know order from their recurrence, and the in-context
-    regression prompt of a vector task is a set of pairs.
+    regression prompt of a vector task is a set of pairs. Read-in (vector
+    tasks): identity when the width is the token size, else learned.
     """
-    if cfg.model.positions == "auto":
-        tokens = cfg.task.input_kind == "tokens"
-        return "shortformer" if tokens and getattr(cfg.mixer, "takes_qk_positions", False) else "none"
-    return cfg.model.positions
-
-
-def read_in_scheme(cfg) -> str:
-    """How a vector task's tokens enter the model: `auto` becomes identity or learned by width."""
-    if cfg.model.read_in == "auto":
-        return "identity" if cfg.model.width == cfg.task.token_dim else "learned"
-    return cfg.model.read_in
+    vectors = task.input_kind == "vectors"
+    if model.positions == "auto":
+        qk = not vectors and mixer.takes_qk_positions
+        model = dataclasses.replace(model, positions="shortformer" if qk else "none")
+    if vectors and model.read_in == "auto":
+        model = dataclasses.replace(model, read_in="identity" if model.width == task.token_dim else "learned")
+    return model
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    task: Any
-    mixer: Any
+    task: Any  # a task's dataclass (tasks.TASKS)
+    mixer: MixerConfig
     model: ModelConfig
     mlp: MLPConfig
     optim: OptimConfig
@@ -204,18 +201,19 @@ def validate(cfg: DictConfig) -> Config:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
-    mixer_schema, _ = MIXERS[_registered("mixer", cfg.mixer, MIXERS)]
-    mixer = parse_group("mixer", mixer_schema, cfg.mixer)
-    if getattr(mixer, "layout", None) == "auto":  # read the way the task's prompt allows
-        mixer = dataclasses.replace(mixer, layout=getattr(task, "layout", "causal"))
+    mixer = parse_group("mixer", MIXERS[_registered("mixer", cfg.mixer, MIXERS)].config, cfg.mixer)
+    try:
+        mixer = mixer.fit(task)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     if fixed["optim"].lr is None:
-        if getattr(mixer, "lr", None) is None:
+        if mixer.lr is None:
             raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
         fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
     _check_together(config)
-    return config
+    return dataclasses.replace(config, model=resolve_auto(config.model, mixer, task))
 
 
 def _check_together(cfg: Config) -> None:
@@ -228,14 +226,9 @@ def _check_together(cfg: Config) -> None:
     if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
         raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "
                           "with model.read_in=identity (or use model.read_in=learned)")
-    if not vectors and cfg.model.tie_blocks:
-        raise ConfigError("model.tie_blocks=true is implemented for vector tasks only")
-    if getattr(cfg.mixer, "layout", "causal") == "prompt" and getattr(cfg.task, "layout", "causal") != "prompt":
-        raise ConfigError(f"mixer.layout=prompt reads the whole prompt at once, but task {cfg.task.name!r} is "
-                          "read causally; use mixer.layout=causal or auto")
-    if cfg.model.positions == "rope" and not getattr(cfg.mixer, "applies_rope", False):
+    if cfg.model.positions == "rope" and not cfg.mixer.applies_rope:
         raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
-    if cfg.model.positions == "shortformer" and not getattr(cfg.mixer, "takes_qk_positions", False):
+    if cfg.model.positions == "shortformer" and not cfg.mixer.takes_qk_positions:
         raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
                           "to add positions to; use learned or none")
 

@@ -1,22 +1,37 @@
-"""Sequence mixers, one per row of the unified table. Adding one is a module,
-one line in MIXERS (its config dataclass and its module) and one YAML file."""
+"""The unified table: one row per sequence mixer, each a config and a layer on one protocol (base.py).
+
+Adding a row is a module (its config extends MixerConfig, its layer is a
+Mixer), one line in MIXERS and one YAML file under configs/mixer/.
+"""
+
+from typing import NamedTuple
 
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
+from tmem.mixers.base import Mixer, MixerConfig, MixerState
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
 from tmem.mixers.none import NoMixer, NoneConfig
 
-MIXERS: dict[str, tuple[type, type]] = {
-    "softmax": (SoftmaxConfig, SoftmaxAttention),
-    "lsa": (LSAConfig, LinearSelfAttention),
-    # the fast-weight rows: one write rule, its knobs set by configs/mixer/<row>.yaml
-    "linear": (FastWeightConfig, FastWeight),
-    "retnet": (FastWeightConfig, FastWeight),
-    "gla": (FastWeightConfig, FastWeight),
-    "mamba2": (FastWeightConfig, FastWeight),
-    "deltanet": (FastWeightConfig, FastWeight),
-    "gated_deltanet": (FastWeightConfig, FastWeight),
-    "none": (NoneConfig, NoMixer),  # no mixing: each position alone (the slow memory's one-block model)
+
+class Row(NamedTuple):
+    """A row of the table: its config's type (the schema of configs/mixer/<name>.yaml) and its layer."""
+
+    config: type[MixerConfig]
+    layer: type[Mixer]
+
+
+FAST_WEIGHT = Row(FastWeightConfig, FastWeight)  # one write rule; each row's knobs are set by its YAML
+
+MIXERS: dict[str, Row] = {
+    "softmax": Row(SoftmaxConfig, SoftmaxAttention),
+    "lsa": Row(LSAConfig, LinearSelfAttention),
+    "linear": FAST_WEIGHT,
+    "retnet": FAST_WEIGHT,
+    "gla": FAST_WEIGHT,
+    "mamba2": FAST_WEIGHT,
+    "deltanet": FAST_WEIGHT,
+    "gated_deltanet": FAST_WEIGHT,
+    "none": Row(NoneConfig, NoMixer),  # no mixing: each position alone (the slow memory's one-block model)
 }
 
-__all__ = ["MIXERS"]
+__all__ = ["MIXERS", "Mixer", "MixerConfig", "MixerState", "Row"]

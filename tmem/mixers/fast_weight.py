@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +33,7 @@ from tmem.layers import ShortConv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 RULES = ("add", "delta")
 DECAYS = ("none", "fixed", "scalar", "vector")
@@ -49,7 +49,9 @@ NORMALISER_EPS = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
-class FastWeightConfig:
+class FastWeightConfig(MixerConfig):
+    """The knobs of the fast-weight rows; the defaults are the linear row, and each row's YAML sets what differs."""
+
     name: str = "linear"
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
@@ -70,9 +72,7 @@ class FastWeightConfig:
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     chunk: int = 16
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
-    lr: float = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
-
-    applies_rope: ClassVar[bool] = False  # position comes from the short convolution and the decay
+    # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 
     def check(self, width: int) -> None:
         for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
@@ -108,18 +108,13 @@ class FastWeightConfig:
         window = max(self.short_conv - 1, 0) * self.heads * (2 * d_key + d_value)
         return memory + window
 
-    def state_size_per_token(self, width: int) -> int | None:
-        return None  # fixed: it does not grow with the sequence
-
 
 @struct.dataclass
-class FastWeightState:
-    """What a call hands the next one: the memory S [B, H, d_phi, d_v(+1)], the
-    convolution's last inputs, and how many tokens were read (for positions)."""
+class FastWeightState(MixerState):
+    """The memory S [B, H, d_phi, d_v(+1)] and the short convolutions' last inputs."""
 
     memory: jax.Array
     conv: tuple[jax.Array, jax.Array, jax.Array] | None  # the convolutions' windows on q, k, v
-    length: int = struct.field(pytree_node=False, default=0)
 
 
 def _inverse_softplus(y):
@@ -130,7 +125,7 @@ def _l2_normalize(x):
     return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
 
 
-class FastWeight(nnx.Module):
+class FastWeight(Mixer):
     """A fast-weight memory layer: project, write every token into the state, read it with the queries.
 
     The final state of each call is sown as the `state` intermediate.
@@ -183,8 +178,10 @@ class FastWeight(nnx.Module):
             beta = jax.nn.sigmoid(self.beta(x_btd))
         return log_a, beta
 
-    def __call__(self, x_btd, *, state: FastWeightState | None = None, head_mask=None, read_at=None):
-        """Read-out [B, T, D] (or [B, Q, D] at read_at [B, Q]) and the state after the last token."""
+    def __call__(self, x_btd, *, state: FastWeightState | None = None, head_mask=None, read_at=None,
+                 qk_positions=None):
+        """The protocol's call (tmem.mixers.base.Mixer)."""
+        del qk_positions  # validation rejects shortformer for these rows
         cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
         q, k, v = self.q(x_btd), self.k(x_btd), self.v(x_btd)
         tail = None
@@ -210,14 +207,11 @@ class FastWeight(nnx.Module):
             o = o[..., :-1] / (o[..., -1:] + NORMALISER_EPS)
         if cfg.skip:
             o = o + self.D[...][None, None, :, None] * v
-        if read_at is not None:
-            o = jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)
-            x_btd = jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
+        o, x_btd = at_positions(o, read_at), at_positions(x_btd, read_at)
         if cfg.output_norm:
             o = self.norm(o)
         if cfg.output_gate:
             o = o * GATE_ACTIVATIONS[cfg.gate_activation](self.gate(x_btd)).reshape(o.shape)
-        if head_mask is not None:
-            o = o * head_mask[None, None, :, None].astype(o.dtype)
+        o = mask_heads(o, head_mask)
         length = T + (0 if state is None else state.length)
-        return self.out(o.reshape(B, -1, H * self.d_value)), FastWeightState(memory, tail, length)
+        return self.out(o.reshape(B, -1, H * self.d_value)), FastWeightState(memory, tail, length=length)

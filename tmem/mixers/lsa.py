@@ -9,19 +9,20 @@ gradient step (Chapter 11). The memory math is in tmem/memory/lsa.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from tmem.memory.lsa import causal_read, gd_construction, prompt_read
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 LAYOUTS = ("auto", "prompt", "causal")
 
 
 @dataclasses.dataclass(frozen=True)
-class LSAConfig:
+class LSAConfig(MixerConfig):
     name: str = "lsa"
     heads: int = 1
     head_dim: int | None = None  # d_k = d_v per head; None means the model width (the paper's square W_Q, W_K, W_V)
@@ -30,9 +31,7 @@ class LSAConfig:
     # auto: the task's own layout (prompt for the von Oswald prompt, causal otherwise), set by validation
     layout: str = "auto"
     init_scale: float | None = 0.002  # fan-in variance scale, truncated normal (von Oswald: 0.002 / depth); None: Flax default
-    lr: float = 1e-3  # the learning rate this row trains best at (used when optim.lr is null): von Oswald's
-
-    applies_rope: ClassVar[bool] = False
+    lr: float | None = 1e-3  # von Oswald's
 
     def check(self, width: int) -> None:
         if self.heads < 1:
@@ -44,16 +43,29 @@ class LSAConfig:
         if self.init_scale is not None and self.init_scale <= 0:
             raise ValueError(f"mixer.init_scale={self.init_scale} must be positive or null")
 
+    def fit(self, task) -> LSAConfig:
+        """Read the way the task's prompt allows: auto becomes its layout; a prompt read needs a prompt."""
+        if self.layout == "auto":
+            return dataclasses.replace(self, layout=task.layout)
+        if self.layout == "prompt" and task.layout != "prompt":
+            raise ValueError(f"mixer.layout=prompt reads the whole prompt at once, but task {task.name!r} is "
+                             "read causally; use mixer.layout=causal or auto")
+        return self
+
     def state_size(self, width: int, seq_len: int) -> int:
         """One d_k x d_v store per head, whatever the length."""
         d = self.head_dim or width
         return self.heads * d * d
 
-    def state_size_per_token(self, width: int) -> int | None:
-        return None
+
+@struct.dataclass
+class Store(MixerState):
+    """The Hebbian store S [B, H, d_k, d_v] of the tokens that wrote."""
+
+    store: jax.Array
 
 
-class LinearSelfAttention(nnx.Module):
+class LinearSelfAttention(Mixer):
     """Multi-head LSA: e_t += sum_h P_h S_h^T W_Q,h e_t, with S_h = sum_s W_K,h e_s (W_V,h e_s)^T.
 
     The store S [B, H, d_k, d_v] (of the context tokens in the prompt layout)
@@ -72,24 +84,24 @@ class LinearSelfAttention(nnx.Module):
         self.query, self.key, self.value = linear(width, inner), linear(width, inner), linear(width, inner)
         self.out = linear(inner, width)  # the paper's P
 
-    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None):
-        """Read-out [B, T, D] (or [B, Q, D] at read_at [B, Q]) and the store."""
+    def __call__(self, x_btd, *, state: Store | None = None, head_mask=None, read_at=None, qk_positions=None):
+        """The protocol's call (tmem.mixers.base.Mixer); the prompt layout reads one whole prompt."""
+        del qk_positions  # no positions: validation rejects shortformer for this row
         B, T, _ = x_btd.shape
         H, d = self.heads, self.d_head
         k = self.key(x_btd).reshape(B, T, H, d)
         v = self.value(x_btd).reshape(B, T, H, d)
-        x_q = x_btd if read_at is None else jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
-        q = self.query(x_q).reshape(B, -1, H, d)
+        q = self.query(at_positions(x_btd, read_at)).reshape(B, -1, H, d)
         if self.cfg.layout == "prompt":  # (config validation has replaced auto by the task's layout)
             if state is not None:
                 raise ValueError("mixer.layout=prompt reads one whole prompt; it cannot continue from a state")
             o_bthd, S = prompt_read(q, k, v, T - 1)
         else:
-            o_bthd, S = causal_read(q, k, v, jnp.arange(T) if read_at is None else read_at, state)
+            o_bthd, S = causal_read(q, k, v, jnp.arange(T) if read_at is None else read_at,
+                                    None if state is None else state.store)
         self.sow(nnx.Intermediate, "store", S, capture_noop=True)
-        if head_mask is not None:
-            o_bthd = o_bthd * head_mask[None, None, :, None].astype(o_bthd.dtype)
-        return self.out(o_bthd.reshape(B, -1, H * d)), S
+        o_bthd = mask_heads(o_bthd, head_mask)
+        return self.out(o_bthd.reshape(B, -1, H * d)), Store(S, length=T + (0 if state is None else state.length))
 
 
 def construction_weights(cfg: LSAConfig, width: int, d: int, eta_over_n: float, gamma: float = 0.0,

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import jax.numpy as jnp
-from flax import nnx
+
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions
 
 
 @dataclasses.dataclass(frozen=True)
-class NoneConfig:
-    name: str = "none"
-    lr: float = 1e-2  # used when optim.lr is null; the memorize experiment's rate
-
-    applies_rope: ClassVar[bool] = False
-
-    def check(self, width: int) -> None:
-        pass
+class NoneConfig(MixerConfig):
+    name: str = "none"  # lr: 1e-2, the memorize experiment's rate
 
     def state_size(self, width: int, seq_len: int) -> int:
         return 0
@@ -26,13 +20,16 @@ class NoneConfig:
         return 0
 
 
-class NoMixer(nnx.Module):
-    """Adds nothing to the residual stream; each position is computed on its own."""
+class NoMixer(Mixer):
+    """Adds nothing to the residual stream; each position is computed on its own.
 
-    def __init__(self, cfg: NoneConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
+    Its state holds no memory, only the count of tokens read, so a model
+    without a mixer continues (its positions carry on) like any other.
+    """
+
+    def __init__(self, cfg: NoneConfig, width: int, *, rope: bool, rngs):
         del cfg, width, rope, rngs
 
-    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None):
-        if read_at is not None:
-            x_btd = jnp.take_along_axis(x_btd, read_at[..., None], axis=1)
-        return jnp.zeros_like(x_btd), None
+    def __call__(self, x_btd, *, state: MixerState | None = None, head_mask=None, read_at=None, qk_positions=None):
+        length = x_btd.shape[1] + (0 if state is None else state.length)
+        return jnp.zeros_like(at_positions(x_btd, read_at)), MixerState(length=length)

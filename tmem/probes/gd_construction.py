@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tmem.config import read_in_scheme
 from tmem.memory.lsa import gd_construction
 from tmem.mixers.lsa import construction_weights
 from tmem.model import load_weights
@@ -29,11 +28,11 @@ def construction_applies(cfg) -> str | None:
     m = cfg.model
     if cfg.mixer.name != "lsa":
         return f"mixer {cfg.mixer.name!r} is not linear self-attention"
-    if read_in_scheme(cfg) != "identity" or m.norm != "none" or cfg.mlp.name != "none":
+    if m.read_in != "identity" or m.norm != "none" or cfg.mlp.name != "none":
         return "needs model.read_in=identity, model.norm=none and mlp=none (the paper's LSA-only model)"
     if cfg.mixer.layout != "prompt" or cfg.task.format != "vonoswald":
         return "needs the von Oswald prompt read with mixer.layout=prompt"
-    if m.positions not in ("auto", "none"):
+    if m.positions != "none":
         return "needs model.positions=none"
     if (cfg.mixer.head_dim or m.width) < m.width:
         return "needs mixer.head_dim >= model.width"

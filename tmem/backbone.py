@@ -1,0 +1,86 @@
+"""The stack every model shares: positions and blocks, continued from one state per block application."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from tmem.config import MLPConfig, ModelConfig
+from tmem.layers import MLP, make_norm
+from tmem.mixers import MIXERS, MixerConfig, MixerState
+from tmem.mixers.base import at_positions
+
+
+class Block(nnx.Module):
+    """x += mixer(norm x); x += mlp(norm x). The mixer is the fast memory, the MLP the slow one."""
+
+    def __init__(self, width: int, *, norm: str, mixer: MixerConfig, mlp: MLPConfig, positions: str,
+                 rngs: nnx.Rngs):
+        self.mixer_norm = make_norm(norm, width, rngs)
+        self.mixer = MIXERS[mixer.name].layer(mixer, width, rope=positions == "rope", rngs=rngs)
+        if mlp.name != "none":
+            self.mlp_norm = make_norm(norm, width, rngs)
+            self.mlp = MLP(width, int(round(mlp.expansion * width)), mlp.name, bias=mlp.bias, rngs=rngs)
+        else:
+            self.mlp = None
+
+    def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None, qk_positions=None):
+        """With read_at [B, Q], the block's output only at those positions (the mixer reads only there)."""
+        y, state = self.mixer(self.mixer_norm(x_btd), state=state, head_mask=head_mask, read_at=read_at,
+                              qk_positions=qk_positions)
+        x_btd = at_positions(x_btd, read_at) + y
+        if self.mlp is not None:
+            x_btd = x_btd + self.mlp(self.mlp_norm(x_btd))
+        return x_btd, state
+
+
+class Backbone(nnx.Module):
+    """A position table and `depth` applications of the blocks; the token and vector models are heads on it.
+
+    A learned table is added to the residual stream; shortformer's is added only
+    to every mixer's query and key inputs, so later layers cannot read position
+    from what earlier ones wrote. With tie_blocks one block is applied `depth`
+    times (a looped model), each application keeping a state of its own. The
+    residual stream after each application is sown as the `residual` intermediate.
+    """
+
+    def __init__(self, model: ModelConfig, mixer: MixerConfig, mlp: MLPConfig, max_len: int, *, rngs: nnx.Rngs):
+        self.depth, self.positions = model.depth, model.positions  # positions: resolved by validation, never auto
+        self.pos_embed = (nnx.Param(nnx.initializers.normal(model.pos_std)(rngs.params(), (max_len, model.width)))
+                          if self.positions in ("learned", "shortformer") else None)
+        parts = dict(norm=model.norm, mixer=mixer, mlp=mlp, positions=self.positions)
+        self.blocks = nnx.List([Block(model.width, **parts, rngs=rngs)
+                                for _ in range(1 if model.tie_blocks else model.depth)])
+
+    def stack(self, x_btd: jax.Array, *, states: list[MixerState] | None = None, head_mask=None, read_at=None):
+        """The residual stream after the last application, and each application's final mixer state.
+
+        states: one per application, from an earlier call, to continue it (its
+        positions start at the states' token count). head_mask [depth, heads]:
+        multipliers of each head's read (0 ablates). read_at [B, Q]: the last
+        application reads only there, all the loss needs when it scores a few positions.
+        """
+        if states is not None and len(states) != self.depth:
+            raise ValueError(f"states: one per application of a block is needed ({self.depth}), got {len(states)}")
+        offset = 0 if states is None else states[0].length
+        qk_positions = None
+        if self.pos_embed is not None:
+            table, T = self.pos_embed[...], x_btd.shape[1]
+            if offset + T > table.shape[0]:
+                raise ValueError(f"tokens {offset} to {offset + T} run past the learned position table's "
+                                 f"{table.shape[0]}: continue within the training length, or use "
+                                 "model.positions=rope or none")
+            p = table[None, offset:offset + T]
+            if self.positions == "shortformer":
+                qk_positions = p
+            else:
+                x_btd = x_btd + p
+        finals = []
+        for i in range(self.depth):
+            x_btd, state = self.blocks[i % len(self.blocks)](
+                x_btd, state=None if states is None else states[i],
+                head_mask=None if head_mask is None else head_mask[i],
+                read_at=read_at if i == self.depth - 1 else None, qk_positions=qk_positions)
+            self.sow(nnx.Intermediate, "residual", x_btd, capture_noop=True)
+            finals.append(state)
+        return x_btd, finals

@@ -1,0 +1,90 @@
+"""The mixer protocol: every row of the unified table is a memory with a state, a write and a read.
+
+A row is a config (a `MixerConfig` with the row's knobs) and a layer (a `Mixer`)
+that every block calls the same way,
+
+    y, state = mixer(x, state=None, head_mask=None, read_at=None, qk_positions=None)
+
+writing every token of x [B, T, D] into the state and reading it with the
+queries. The state it returns (a `MixerState`) continues a later call and knows
+how many tokens it has read, so positions continue without guessing a length
+from a cache's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerConfig:
+    """The fields and capabilities every row's config has; each row extends it with its knobs."""
+
+    name: str = ""
+    lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
+
+    applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
+    takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs
+
+    def check(self, width: int) -> None:
+        """Raise ValueError, in one line naming the field, for a knob that does not fit a model of this width."""
+
+    def fit(self, task) -> MixerConfig:
+        """This config as it reads `task`: its "auto" knobs resolved; ValueError if it cannot read the task."""
+        return self
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        """Elements of the state after `seq_len` tokens, per example and layer."""
+        raise NotImplementedError
+
+    def state_size_per_token(self, width: int) -> int | None:
+        """How much the state grows per token; None for a fixed-size state."""
+        return None
+
+
+@struct.dataclass
+class MixerState:
+    """What a call hands the next: the memory (in subclasses) and how many tokens were read.
+
+    `length` is a count kept by the mixer, not an array: it decides positions
+    (RoPE, learned tables) when a call continues, and a jitted call specialises on it.
+    """
+
+    length: int = struct.field(pytree_node=False, default=0, kw_only=True)
+
+
+class Mixer(nnx.Module):
+    """A row as a layer. Built as `Row.layer(config, width, rope=..., rngs=...)`; called as below."""
+
+    def __call__(self, x_btd: jax.Array, *, state: MixerState | None = None, head_mask: jax.Array | None = None,
+                 read_at: jax.Array | None = None, qk_positions: jax.Array | None = None
+                 ) -> tuple[jax.Array, MixerState]:
+        """Read-out [B, T, D], or [B, Q, D] at read_at [B, Q], and the state after the last token.
+
+        Every token is written whatever read_at says: reading at a few positions
+        skips the other queries, which is all a last layer needs when the loss
+        looks at a few positions. head_mask [heads] multiplies each head's read
+        (0 ablates it). qk_positions [1, T, D] (shortformer) is added to the
+        inputs of the query and key maps only; validation gives it only to rows
+        that declare takes_qk_positions, and the others receive None.
+        """
+        raise NotImplementedError
+
+
+def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
+    """x [B, T, ...] at positions read_at [B, Q] -> [B, Q, ...]; all of x when read_at is None."""
+    if read_at is None:
+        return x
+    return jnp.take_along_axis(x, read_at.reshape(read_at.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def mask_heads(o_bthd: jax.Array, head_mask: jax.Array | None) -> jax.Array:
+    """Each head's read [B, T, H, d] times its multiplier in head_mask [H]."""
+    if head_mask is None:
+        return o_bthd
+    return o_bthd * head_mask[None, None, :, None].astype(o_bthd.dtype)
