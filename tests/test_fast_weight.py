@@ -29,20 +29,6 @@ def test_every_row_is_causal_and_its_chunked_form_equals_its_recurrence(model_an
     assert not np.allclose(a[:, t + 1:], b[:, t + 1:])
 
 
-def test_continuing_from_a_state_equals_one_call(model_and_tokens):
-    """Learned positions need the state's token count; the short convolution needs its window."""
-    cfg, model, tokens = model_and_tokens("mixer=gated_deltanet", "model.positions=learned")
-    @fast_jit
-    def both(model, tokens):
-        first, states = model.forward(tokens[:, :6])
-        second, finals = model.forward(tokens[:, 6:], states=states)
-        return model.forward(tokens)[0], first, second, finals
-
-    full, first, second, finals = both(model, tokens)
-    np.testing.assert_allclose(jnp.concatenate([first, second], 1), full, rtol=1e-5, atol=1e-5)
-    assert finals[0].length == cfg.task.seq_len
-
-
 def test_state_size_counts_what_a_call_hands_on(model_and_tokens):
     cfg, model, tokens = model_and_tokens("mixer=gla", "mixer.feature_map=dpfp", "mixer.dpfp_nu=2")
     _, states = fast_jit(lambda m, t: m.forward(t))(model, tokens)

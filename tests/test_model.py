@@ -52,15 +52,6 @@ def test_head_mask_ablates_exactly_one_head(model_and_tokens):
     np.testing.assert_allclose(ablated, model(tokens), rtol=1e-5, atol=1e-6)
 
 
-def test_continuing_from_a_state_equals_one_call(model_and_tokens):
-    for positions in ("rope", "learned", "shortformer"):
-        _, model, tokens = model_and_tokens(f"model.positions={positions}")
-        full, _ = model.forward(tokens)
-        first, states = model.forward(tokens[:, :6])
-        second, _ = model.forward(tokens[:, 6:], states=states)
-        np.testing.assert_allclose(jnp.concatenate([first, second], 1), full, rtol=1e-5, atol=1e-5)
-
-
 def test_shortformer_positions_reach_queries_and_keys_only(model_and_tokens):
     cfg, model, tokens = model_and_tokens("model.positions=shortformer")
     D = cfg.model.width

@@ -1,0 +1,70 @@
+"""Continuing from a state equals reading the whole sequence, for every mixer config (a new row joins by its file).
+
+A sequence is read in three segments whose split points are not multiples of
+the chunk, each continuing from the states the previous one handed on; the
+outputs must equal one call over the whole sequence. The states' token counts
+are checked as counters: learned positions and RoPE start where they say.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, TINY, fast_jit
+from golden import MIXERS, VECTOR, _with_heads
+
+
+
+def splits(T: int) -> tuple[int, int]:
+    """Three segments, none a multiple of the chunk 4: 5, 8, 3 tokens of T = 16; 5, 1, 3 of the prompt's 9."""
+    return 5, T - 3
+
+
+def _chunked(mixer: str) -> list[str]:
+    """A chunk of 4 where the row has one, so every split falls inside a chunk."""
+    return ["mixer.chunk=4"] if "chunk" in OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml") else []
+
+
+def cases() -> dict[str, list[str]]:
+    tokens = [o for o in TINY if o != "mixer.heads=2"]
+    out = {}
+    for m in MIXERS:
+        out[f"tokens-{m}"] = [*_with_heads(tokens, m), *_chunked(m)]
+        # a looped model keeps one state per application; learned positions need the token count
+        out[f"tokens-{m}-tied-learned"] = [*out[f"tokens-{m}"], "model.depth=3", "model.tie_blocks=true",
+                                           "model.positions=learned"]
+        causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
+        out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
+    out["tokens-softmax-rope"] = [*_with_heads(tokens, "softmax"), "model.positions=rope"]
+    return out
+
+
+@partial(fast_jit, static_argnums=2)
+def _read(model, inputs, splits):
+    """The whole sequence in one call, and in three calls that continue from each other's states."""
+    full, _ = model.forward(inputs)
+    outs, states, lengths = [], None, []
+    for a, b in zip((0, *splits), (*splits, inputs.shape[1])):
+        out, states = model.forward(inputs[:, a:b], states=states)
+        outs.append(out)
+        lengths.append([s.length for s in states])
+    return full, jnp.concatenate(outs, 1), lengths
+
+
+@pytest.mark.parametrize("case", sorted(cases()))
+def test_continuing_from_states_equals_one_call(tiny_cfg, case):
+    from tmem.model import build_model
+
+    cfg, _ = tiny_cfg(*cases()[case], base=[])
+    model = build_model(cfg, cfg.task)
+    inputs = cfg.task.sample(jax.random.key(3), 3).inputs
+    T = inputs.shape[1]
+    full, continued, lengths = _read(model, inputs, splits(T))
+    np.testing.assert_allclose(continued, full, rtol=1e-5, atol=1e-5)
+    assert [[int(n) for n in step] for step in lengths] == [[n] * cfg.model.depth for n in (*splits(T), T)]
