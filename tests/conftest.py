@@ -51,6 +51,8 @@ def fast_jit(fn, **kwargs):
 
 
 def compose_config(overrides=(), config_name: str = "train"):
+    import tmem.config  # noqa: F401  registers the base configs the YAML files extend
+
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose(config_name, overrides=list(overrides))
 

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -51,7 +52,7 @@ class ModelConfig:
     # learned (added to the residual stream), none, shortformer (learned, added only to every mixer's q and k inputs)
     positions: str = "auto"
     norm: str = "layernorm"
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False  # untied: recall forms several times faster than with a tied unembedding
     embed_std: float = 1.0  # init scale of the token embedding
     train_embeddings: bool = True  # false: embedding and unembedding keep their random init (fixed codes)
     pos_std: float = 0.02  # init scale of the learned (or shortformer) position table
@@ -116,9 +117,9 @@ class TrainConfig:
     seed: int = 0
     steps: int = 5000
     batch_size: int = 64
-    microbatch: int | None = None  # differentiate at most this many examples at once (same update)
+    microbatch: int | None = 32  # differentiate at most this many examples at once: the same update, faster on a CPU
     log_every: int = 50
-    eval_every: int = 100
+    eval_every: int = 50
     checkpoint_every: int = 1000
     keep_checkpoints: int | None = 1  # None keeps every checkpoint (formation probes read them all)
     target: float | None = 0.99  # held-out value of the task's target metric to reach
@@ -232,6 +233,33 @@ def _check_together(cfg: Config) -> None:
         raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
                           "to add positions to; use learned or none")
 
+
+def register_bases() -> None:
+    """Each group's defaults, written once in its dataclass, as the Hydra config its YAML files extend.
+
+    The nodes are stored untyped (plain dicts): a typed structured config would
+    have Hydra reject a bad value in its own multi-line error before `validate`
+    can name it in one line. Row YAMLs say `defaults: [base_<schema>, _self_]`
+    and hold only what differs, so a composed config (the run's
+    .hydra/config.yaml and its wandb config) still lists every field, and any
+    field can be overridden without `++`.
+    """
+    store = ConfigStore.instance()
+
+    def node(schema, **values):
+        return {**{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(schema()).items()},
+                **values}
+
+    for row in {row.config for row in MIXERS.values()}:
+        store.store(group="mixer", name=f"base_{row.__module__.rsplit('.', 1)[-1]}", node=node(row))
+    for name, schema in TASKS.items():
+        store.store(group="task", name=f"base_{name}", node={"name": name, **node(schema)})
+    for group in ("model", "mlp", "optim", "logger"):
+        store.store(group=group, name="base", node=node(_FIXED[group]))
+    store.store(name="base_train", node={"train": node(TrainConfig)})
+
+
+register_bases()
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "experiment")
