@@ -22,15 +22,13 @@ from contextlib import redirect_stderr
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from tmem.config import CONFIG_DIR, validate  # noqa: E402
-from tmem.model import build_model  # noqa: E402
+from tmem.train.build import build  # noqa: E402
 from tmem.train.loop import run  # noqa: E402
-from tmem.train.optim import build_optimizer, learning_rate  # noqa: E402
-from tmem.train.step import init_state, make_train_step  # noqa: E402
+from tmem.train.step import make_train_step  # noqa: E402
 
 
 def config(*overrides):
@@ -53,10 +51,8 @@ def matmul_rate(n: int = 1024, reps: int = 20) -> float:
 
 def step_throughput(cfg, steps: int = 300) -> dict:
     task, t = cfg.task, cfg.train
-    tx = build_optimizer(cfg.optim, t.steps)
-    graphdef, state = init_state(build_model(cfg, task), tx, t.seed)
-    step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, learning_rate(cfg.optim, t.steps), t.microbatch),
-                   donate_argnums=0)
+    graphdef, state, tx, schedule = build(cfg)  # what train.py runs
+    step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
     start = time.perf_counter()
     compiled = step.lower(state).compile()
     compile_s = time.perf_counter() - start

@@ -36,11 +36,11 @@ from IPython.display import display
 
 from tmem.probes.gd_construction import construction_applies, head_products
 from tmem.probes.gd_match import figures, gd_match
-from tmem.train.evaluate import load_run
+from tmem.train.restore import load_run
 
 if run_dir is None:
     raise ValueError("set run_dir to a task=linreg training run (papermill -p run_dir <dir>)")
-cfg, model, step, checkpoints = load_run(run_dir, step)
+cfg, model, step, history = load_run(run_dir, step)
 print(f"step {step}: {cfg.model.depth} layer(s), mixer {cfg.mixer.name}, "
       f"d = {cfg.task.dim}, N = {cfg.task.num_examples}, format {cfg.task.format}")
 

@@ -35,9 +35,9 @@ from IPython.display import display
 from tmem.probes.formation import formation_figure
 from tmem.probes.induction import analyse, formation_over_run
 from tmem.probes.induction_figures import attention_figure
-from tmem.train.evaluate import load_run
+from tmem.train.restore import load_run
 
-cfg, model, step, ckpts = load_run(run_dir, step)
+cfg, model, step, history = load_run(run_dir, step)
 report, found = analyse(model, cfg.task, jax.random.key(seed), {"periods": periods})
 print(f"step {step}: {report['verdict']}")
 print("induction heads:", report["induction_heads"], " previous-token heads:", report["previous_token_heads"])
@@ -77,10 +77,10 @@ for row in report["ablation"]:
 # checkpoints in a row.
 
 # %%
-if len(ckpts.steps()) >= 2:
-    f = formation_over_run(cfg, ckpts, found["probes"])
+if len(history.steps) >= 2:
+    f = formation_over_run(history, found["probes"])
     print(f"formation step: {f['formation_step']}; steepest loss drop ends at step {f['loss_drop_step']}")
     display(formation_figure(f))
 else:
     print("only one checkpoint: train with train.keep_checkpoints=null to see formation")
-ckpts.close()
+history.close()

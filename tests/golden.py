@@ -58,10 +58,10 @@ def cases() -> dict[str, list[str]]:
 
 
 def model_for(cfg):
-    """The model a config builds, at the run's seed (today's entry point for building one)."""
-    from tmem.model import build_model
+    """The model a config builds, at the run's seed, as training builds it."""
+    from tmem.train.build import build
 
-    return build_model(cfg, cfg.task)
+    return build(cfg).model
 
 
 def measure(overrides: list[str]) -> dict[str, np.ndarray]:

@@ -131,10 +131,10 @@ def test_eval_frame_writes_the_induction_report_with_formation(tiny_repeat_run, 
 
 def test_periods_that_do_not_fit_are_a_config_error(tiny_repeat_run):
     from tmem.config import ConfigError
-    from tmem.train.evaluate import load_run
+    from tmem.train.restore import load_run
 
-    cfg, model, step, ckpts = load_run(tiny_repeat_run)
-    ckpts.close()
+    cfg, model, step, history = load_run(tiny_repeat_run)
+    history.close()
     inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0), options={"periods": [4, 40]})
     with pytest.raises(ConfigError, match="period 40"):
         PROBES["induction"].run(inp)
@@ -147,15 +147,15 @@ def train_and_probe(tmp_path, *overrides):
     """Train `experiment=induction_heads` with overrides in-process; the probe's report with formation."""
     from omegaconf import OmegaConf
 
-    from tmem.train.evaluate import load_run
     from tmem.train.loop import run
+    from tmem.train.restore import load_run
 
     raw = compose_config(["experiment=induction_heads", "logger=disabled", *overrides])
     run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
-    cfg, model, step, ckpts = load_run(tmp_path)
+    cfg, model, step, history = load_run(tmp_path)
     report, _ = PROBES["induction"].run(ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0),
-                                                   checkpoints=ckpts))
-    ckpts.close()
+                                                   history=history))
+    history.close()
     return report
 
 

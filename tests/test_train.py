@@ -12,14 +12,15 @@ from tasks import heldout
 from tmem.model import build_model
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.loop import TrainingDiverged, run
-from tmem.train.evaluate import load_run
 from tmem.train.optim import build_optimizer
+from tmem.train.restore import load_run
 from tmem.train.step import init_state, make_eval, make_gradients, make_loss
 
 
 def params_of(run_dir):
-    _, model, step, ckpts = load_run(run_dir)
-    return step, jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param))), ckpts
+    _, model, step, history = load_run(run_dir)
+    history.close()
+    return step, jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
 def test_loss_goes_down(tiny_cfg, tmp_path):
@@ -52,8 +53,8 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path):
     cfg_r, resolved_r = tiny_cfg("train.steps=25", "train.early_stop=false", "train.resume=true")
     resumed = run(cfg_r, tmp_path / "resumed", resolved_r)
     assert resumed["resumed_from"] == 12 and resumed["steps"] == 25
-    step_a, a, _ = params_of(tmp_path / "straight")
-    step_b, b, _ = params_of(tmp_path / "resumed")
+    step_a, a = params_of(tmp_path / "straight")
+    step_b, b = params_of(tmp_path / "resumed")
     assert step_a == step_b == 25
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
@@ -81,7 +82,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_p
                                                r"the last good checkpoint is step 10 in .*checkpoints"):
         run(cfg, tmp_path, resolved)
     assert Checkpoints(tmp_path / "checkpoints").steps() == [10]
-    step, params, _ = params_of(tmp_path)
+    step, params = params_of(tmp_path)
     assert step == 10 and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 

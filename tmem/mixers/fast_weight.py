@@ -64,13 +64,15 @@ class FastWeightConfig(MixerConfig):
     normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
     q_scale: float | None = None  # None: d_phi^(-1/2)
     qk_norm: str = "none"  # none | l2 (unit q and k; the delta rule needs unit keys)
-    short_conv: int = 4  # kernel of the causal depthwise convolution on q, k, v; 0 for none
+    # kernel of the causal depthwise convolution on q, k, v: the previous-token view a sum over the past
+    # cannot compute; 0 for none
+    short_conv: int = 4
     skip: bool = False  # Mamba-2's D: add D_h v_t to the read
     output_norm: bool = True  # RMSNorm of each head's read
     output_gate: bool = False  # multiply the read by gate_activation(W_g x)
     gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
-    chunk: int = 16
+    chunk: int = 16  # tokens per chunk (fla uses 64, sized for GPUs)
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
     # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 

@@ -14,7 +14,9 @@ class ProbeInput:
     """What the eval frame hands a probe.
 
     `model` and `cfg` are None for probes that need no trained model;
-    `checkpoints` lets a probe read a run's whole history (formation over training).
+    `history` lets a probe read the run's checkpoints over training (formation)
+    as `history.steps`, `history.models(steps)` and `history.metrics(step)`,
+    without importing the training code that restores them.
     """
 
     cfg: Any = None  # tmem.config.Config of the run
@@ -22,7 +24,7 @@ class ProbeInput:
     step: int | None = None
     key: jax.Array | None = None
     run_dir: Path | None = None
-    checkpoints: Any = None  # tmem.train.checkpoint.Checkpoints of the run
+    history: Any = None  # tmem.train.restore.History of the run, or None
     options: dict = dataclasses.field(default_factory=dict)  # eval.yaml's `options.<probe>`
 
 

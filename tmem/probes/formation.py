@@ -47,6 +47,8 @@ def formation(models, measure: Callable, *, held_out_loss: Callable[[int], float
               threshold: float = 0.4, hold: int = 3) -> dict:
     """Probe each (step, model) in `models` with `measure(model) -> dict` and find the formation step.
 
+    `models` is any iterable of (step, model), such as a run's `history.models()`
+    (ProbeInput.history), which restores one checkpoint at a time.
     `measure` returns at least `induction` [depth, H] (averaged over periods),
     `previous_token` [depth, H], `second_copy_loss` and the memory probes
     `wo1`, `wk1`, `wk0` [depth, H]; `held_out_loss(step)` is the run's own

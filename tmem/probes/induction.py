@@ -200,22 +200,20 @@ def analyse(model, task, key: jax.Array, options: dict | None = None) -> tuple[d
     return report, {"probes": probes, "scores": scores, "roles": roles, "target": target}
 
 
-def formation_over_run(cfg, ckpts, probes: dict, threshold: float = DEFAULTS["threshold"]) -> dict:
-    """The formation series and steps over every saved checkpoint of a run (see formation.py)."""
-    from tmem.train.evaluate import checkpoint_models  # the eval frame imports probes: import late
-
-    return formation(checkpoint_models(cfg, ckpts), lambda m: measure(m, probes),
-                     held_out_loss=lambda step: ckpts.metrics(step).get("eval/loss"), threshold=threshold)
+def formation_over_run(history, probes: dict, threshold: float = DEFAULTS["threshold"]) -> dict:
+    """The formation series and steps over every saved checkpoint of a run's History (see formation.py)."""
+    return formation(history.models(), lambda m: measure(m, probes),
+                     held_out_loss=lambda step: history.metrics(step).get("eval/loss"), threshold=threshold)
 
 
 def run(inp: ProbeInput):
     opt = {**DEFAULTS, **inp.options}
     report, found = analyse(inp.model, inp.cfg.task, inp.key, opt)
     figures = {"induction_attention": attention_figure(inp.model, found)}
-    steps = [] if inp.checkpoints is None else inp.checkpoints.steps()
+    steps = [] if inp.history is None else inp.history.steps
     report["formation_step"] = None
     if opt["formation"] and len(steps) >= 2:
-        f = formation_over_run(inp.cfg, inp.checkpoints, found["probes"], opt["threshold"])
+        f = formation_over_run(inp.history, found["probes"], opt["threshold"])
         report["formation"] = f
         report["formation_step"] = f["formation_step"]
         report["loss_drop_step"] = f["loss_drop_step"]

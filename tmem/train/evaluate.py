@@ -1,59 +1,17 @@
-"""The eval frame: restore a run's model with its own config, run probes, write the report."""
+"""The eval frame: restore a run (tmem.train.restore), run probes on it, write the report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import jax
-from flax import nnx
-from omegaconf import OmegaConf
 
-from tmem.config import ConfigError, LoggerConfig, validate
-from tmem.model import build_model
+from tmem.config import ConfigError, LoggerConfig
 from tmem.probes import PROBES, ProbeInput
-from tmem.train.checkpoint import CheckpointError, Checkpoints
-from tmem.train.optim import build_optimizer
-from tmem.train.step import init_state
+from tmem.train.restore import load_run
 from tmem.train.tracking import Tracker
-
-
-def load_run(run_dir: str | Path, step: int | None = None):
-    """(cfg, model, step, checkpoints) of a training run directory, at `step` (default the last)."""
-    run_dir = Path(run_dir).absolute()
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run={run_dir}: no such directory")
-    if not (run_dir / "checkpoints").is_dir():
-        raise CheckpointError(f"run={run_dir} has no checkpoints/ folder: point run= at a training run directory")
-    ckpts = Checkpoints(run_dir / "checkpoints")
-    if ckpts.latest_step() is None:
-        raise CheckpointError(f"run={run_dir} has no checkpoint yet: train it first")
-    resolved = ckpts.config()
-    if resolved is None and (run_dir / ".hydra" / "config.yaml").exists():
-        resolved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
-    if resolved is None:
-        raise CheckpointError(f"run={run_dir}: the checkpoint carries no config and .hydra/config.yaml is missing")
-    try:
-        cfg = validate(OmegaConf.create(resolved))
-    except ConfigError as e:
-        raise CheckpointError(f"run={run_dir}: its saved config no longer validates: {e}") from None
-    step = ckpts.latest_step() if step is None else step
-    (step, model), = checkpoint_models(cfg, ckpts, [step])
-    return cfg, model, step, ckpts
-
-
-def checkpoint_models(cfg, ckpts: Checkpoints, steps=None):
-    """(step, model) for each listed checkpoint step (default all), one restore at a time.
-
-    The model is built once, so reading a run's whole history (formation over
-    training) costs one restore per step.
-    """
-    model = build_model(cfg, cfg.task)
-    graphdef, state = init_state(model, build_optimizer(cfg.optim, cfg.train.steps), cfg.train.seed)
-    abstract = jax.eval_shape(lambda: state)
-    for step in ckpts.steps() if steps is None else steps:
-        state = ckpts.restore(abstract, step)
-        yield int(state.step), nnx.merge(graphdef, state.params, state.rest)
 
 
 def select_probes(names: list[str], cfg) -> list[str]:
@@ -74,40 +32,40 @@ def select_probes(names: list[str], cfg) -> list[str]:
 def evaluate(run_dir: str | None, probe_names: list[str], *, out_dir: Path, step: int | None = None,
              logger: LoggerConfig = LoggerConfig(), seed: int = 0, options: dict | None = None) -> dict:
     """Run the probes and write `report.json` and figures to out_dir; return the report."""
-    cfg = model = ckpts = None
-    if run_dir is not None:
-        cfg, model, step, ckpts = load_run(run_dir, step)
-    select_probes(probe_names, cfg)
-    out_dir = Path(out_dir).absolute()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report_path = out_dir / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    if report.get("step") != step:
-        report = {}  # a report describes one checkpoint
-    report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step)
+    cfg = model = history = None
+    with contextlib.ExitStack() as cleanup:  # the run's checkpoints are released even when a probe fails
+        if run_dir is not None:
+            cfg, model, step, history = load_run(run_dir, step)
+            cleanup.callback(history.close)
+        select_probes(probe_names, cfg)
+        out_dir = Path(out_dir).absolute()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report_path = out_dir / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+        if report.get("step") != step:
+            report = {}  # a report describes one checkpoint
+        report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step)
 
-    name = cfg.name or Path(run_dir).absolute().name if cfg else "probes"
-    tracker = Tracker(logger, out_dir.parent if run_dir else out_dir, name=f"{name}-eval-{step}", group=name,
-                      config={"run": report["run"], "step": step, "probes": probe_names}, job_type="eval")
-    inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(seed),
-                     run_dir=None if run_dir is None else Path(run_dir).absolute(), checkpoints=ckpts)
-    figures = {}
-    for probe_name in probe_names:
-        inp.options = dict((options or {}).get(probe_name, {}))
-        metrics, figs = PROBES[probe_name].run(inp)
-        report[probe_name] = metrics
-        for fig_name, fig in figs.items():
-            path = out_dir / f"{fig_name}.png"
-            fig.savefig(path, dpi=120)
-            figures[fig_name] = str(path)
-            tracker.image(f"{probe_name}/{fig_name}", path)
-        tracker.log({f"{probe_name}/{k}": v for k, v in _scalars(metrics).items()}, step=None)
-    report["figures"] = {**report.get("figures", {}), **figures}
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-    tracker.finish()
-    if ckpts is not None:
-        ckpts.close()
-    return report
+        name = cfg.name or Path(run_dir).absolute().name if cfg else "probes"
+        tracker = Tracker(logger, out_dir.parent if run_dir else out_dir, name=f"{name}-eval-{step}", group=name,
+                          config={"run": report["run"], "step": step, "probes": probe_names}, job_type="eval")
+        inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(seed),
+                         run_dir=None if run_dir is None else Path(run_dir).absolute(), history=history)
+        figures = {}
+        for probe_name in probe_names:
+            inp.options = dict((options or {}).get(probe_name, {}))
+            metrics, figs = PROBES[probe_name].run(inp)
+            report[probe_name] = metrics
+            for fig_name, fig in figs.items():
+                path = out_dir / f"{fig_name}.png"
+                fig.savefig(path, dpi=120)
+                figures[fig_name] = str(path)
+                tracker.image(f"{probe_name}/{fig_name}", path)
+            tracker.log({f"{probe_name}/{k}": v for k, v in _scalars(metrics).items()}, step=None)
+        report["figures"] = {**report.get("figures", {}), **figures}
+        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        tracker.finish()
+        return report
 
 
 def _scalars(tree: dict, prefix: str = "") -> dict[str, float]:

@@ -15,10 +15,10 @@ from tqdm.auto import tqdm
 
 from tasks import heldout
 from tmem.config import Config
-from tmem.model import build_model, count_params
+from tmem.model import count_params
+from tmem.train.build import build
 from tmem.train.checkpoint import Checkpoints
-from tmem.train.optim import build_optimizer, learning_rate
-from tmem.train.step import init_state, make_eval, make_train_step
+from tmem.train.step import make_eval, make_train_step
 from tmem.train.tracking import Tracker
 
 PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
@@ -69,11 +69,10 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict):
         self.cfg, self.run_dir, t = cfg, run_dir, cfg.train
         task = cfg.task
-        model = build_model(cfg, task)
-        self.n_params = count_params(model)
-        tx = build_optimizer(cfg.optim, t.steps)
-        graphdef, self.state = init_state(model, tx, t.seed)
-        del model  # its arrays now live in self.state, which the step donates
+        built = build(cfg)
+        self.n_params = count_params(built.model)
+        graphdef, self.state, tx, schedule = built
+        del built  # its arrays now live in self.state, which the step donates
 
         self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints)
         self.progress = {"wall_seconds": 0.0, "target_step": None, "target_seconds": None}
@@ -90,7 +89,6 @@ class Trainer:
         self.tracker = Tracker(cfg.logger, run_dir, name=session, group=self.name, config=resolved)
         self.tracker.summary({"parameters": self.n_params})
 
-        schedule = learning_rate(cfg.optim, t.steps)
         step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch)
         self.train_step = jax.jit(step, donate_argnums=0)
         self._evaluate = jax.jit(make_eval(graphdef, task))
