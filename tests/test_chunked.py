@@ -12,6 +12,7 @@ from tmem.memory.linear_state import recurrent
 
 B, H, DK, DV = 2, 2, 4, 3
 TOL = 1e-5
+FULL = jax.lax.Precision.HIGHEST  # the oracle comparisons hold in full float32, not at a GPU's TF32 default
 
 
 def rel_err(a, b):
@@ -41,7 +42,7 @@ def value_and_grads(form, x, delta, **kw):
     dS = jax.random.normal(jax.random.key(8), (B, H, DK, DV))
 
     def loss(*args):
-        o, S = form(**dict(x, **dict(zip(names, args))), delta=delta, **kw)
+        o, S = form(**dict(x, **dict(zip(names, args))), delta=delta, precision=FULL, **kw)
         return jnp.sum(o * do) + jnp.sum(S * dS), (o, S)
 
     grads, (o, S) = jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
@@ -72,8 +73,8 @@ def test_chunked_equals_recurrent_outputs_state_and_gradients(decay, delta):
 
 def test_continuing_from_a_state_equals_one_pass():
     x = inputs(14, "vector", True)
-    o_ref, S_ref = fast_jit(recurrent, static_argnames="delta")(**x, delta=True)
-    form = fast_jit(partial(chunked, chunk=4, sub_chunk=2), static_argnames="delta")
+    o_ref, S_ref = fast_jit(partial(recurrent, precision=FULL), static_argnames="delta")(**x, delta=True)
+    form = fast_jit(partial(chunked, chunk=4, sub_chunk=2, precision=FULL), static_argnames="delta")
     first, second = ({n: a if n == "state" else a[:, part] for n, a in x.items()} for part in (slice(7), slice(7, 14)))
     o1, S1 = form(**first, delta=True)  # 7 tokens: not a multiple of the chunk
     o2, S2 = form(**dict(second, state=S1), delta=True)
@@ -90,7 +91,7 @@ def test_vector_scores_in_sub_chunks_equal_per_channel_decays():
     want = jnp.einsum("bik,bjk,bijk->bij", x, k, jnp.exp(jnp.where(jnp.tril(jnp.ones((C, C), bool))[..., None],
                                                                      diff, -jnp.inf)))
     subs = (1, 3, 4, 12)  # blocks of one token, of several, and the whole chunk as one block
-    got = fast_jit(lambda x, k, b: [intra_scores(x, k, b, sub) for sub in subs])(x, k, b)
+    got = fast_jit(lambda x, k, b: [intra_scores(x, k, b, sub, precision=FULL) for sub in subs])(x, k, b)
     for sub, scores in zip(subs, got):
         assert rel_err(scores, want) <= TOL, sub
 
@@ -104,3 +105,21 @@ def test_strong_decays_give_finite_gradients(decay, form):
     (o, S), g = value_and_grads(form, x, True, **kw)
     assert all(bool(jnp.isfinite(a).all()) for a in (o, S, *g.values()))
     assert float(jnp.abs(g["log_a"]).max()) > 0  # the gates still get a gradient where it is not vanishing
+
+
+def dot_precisions(form, **kw) -> list[str]:
+    """The precision of every dot_general in the lowered gated-delta memory (StableHLO text)."""
+    x = inputs(9, "scalar", True)
+    text = jax.jit(partial(form, delta=True, **kw)).lower(**x).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert dots
+    return ["HIGHEST" if "HIGHEST" in line else "default" for line in dots]
+
+
+@pytest.mark.parametrize("form, kw", [(chunked, {"chunk": 4}), (recurrent, {})], ids=["chunked", "recurrent"])
+def test_precision_reaches_every_matmul(form, kw):
+    # pinned, every matmul runs in full float32; by default only the chunk's cumulative log decay does
+    # (a sum of gates, not a learned product), so a GPU may use TF32 for the rest
+    assert set(dot_precisions(form, precision=FULL, **kw)) == {"HIGHEST"}
+    default = dot_precisions(form, **kw)
+    assert default.count("HIGHEST") == (1 if form is chunked else 0), default

@@ -25,18 +25,19 @@ with j <= i, or b_C - b_j, or b_i: all <= 0, and the masked entries are set to
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-from tmem.memory.linear_state import einsum, prepare
+from tmem.memory.linear_state import prepare
 
 
 def _lower(n: int, strict: bool = False) -> jax.Array:
     return jnp.tril(jnp.ones((n, n), bool), -1 if strict else 0)
 
 
-def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
+def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
     """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i (j < i if strict), else 0.
 
     x, k [..., C, d_k], b None (no decay) or [..., C, G] with G = 1 (a scalar decay: a masked
@@ -46,6 +47,7 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False):
     the key block's last, each factor's exponent <= 0; a diagonal block keeps
     all c x c x d_k decays (the per-channel form, c d_k exps per token).
     """
+    einsum = partial(jnp.einsum, precision=precision)
     C = x.shape[-2]
     if b is None:  # no decay: a masked matmul
         return jnp.where(_lower(C, strict), einsum("...ik,...jk->...ij", x, k), 0.0)
@@ -77,7 +79,7 @@ def _times(x, factor):
     return x if factor is None else x * factor
 
 
-def unit_lower_inverse(L, base: int = 8):
+def unit_lower_inverse(L, base: int = 8, precision=None):
     """(I + L)^{-1} for strictly lower-triangular L [..., C, C], by blocks.
 
     Diagonal blocks of `base` rows are inverted by forward substitution (rows
@@ -86,6 +88,7 @@ def unit_lower_inverse(L, base: int = 8):
     with batched matmuls. XLA's batched triangular solve on CPU is ~20x slower
     here when multithreaded, and a product of matmuls differentiates without a solve.
     """
+    einsum = partial(jnp.einsum, precision=precision)
     C = L.shape[-1]
     P = max(base, 1 << (C - 1).bit_length())  # pad to a power of two with an identity block
     M = jnp.pad(L, [(0, 0)] * (L.ndim - 2) + [(0, P - C), (0, P - C)])
@@ -113,13 +116,15 @@ def unit_lower_inverse(L, base: int = 8):
 
 
 def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
-            chunk: int = 64, sub_chunk: int = 16):
+            chunk: int = 64, sub_chunk: int = 16, precision=None):
     """Same inputs and outputs as `linear_state.recurrent`; equal to it up to float rounding.
 
     chunk: tokens per chunk (any positive size; the sequence is padded with
     tokens that neither write nor decay). sub_chunk: the largest block a
     vector decay keeps per channel (the largest divisor of chunk up to it is used).
+    precision: that of the matmuls (None: the backend's default, TF32 on recent GPUs).
     """
+    einsum = partial(jnp.einsum, precision=precision)
     out_dtype = v.dtype
     decays, strengths = log_a is not None, beta is not None
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
@@ -137,19 +142,20 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     q, k, v, g, beta = map(chunks, (q, k, v, log_a, beta))
     if decays:
         # chunk-local cumulative log decay (no global sum to lose precision), as a matmul with a triangle of
-        # ones: XLA's cumsum on a CPU is a reduce-window several times slower
-        b = einsum("ij,...jg->...ig", _lower(chunk).astype(g.dtype), g)
+        # ones: XLA's cumsum on a CPU is a reduce-window several times slower. Always in full float32: TF32's
+        # 10-bit mantissa would put an error of ~1e-3 of the chunk's total log decay into every decay factor
+        b = jnp.einsum("ij,...jg->...ig", _lower(chunk).astype(g.dtype), g, precision=jax.lax.Precision.HIGHEST)
         b_end = b[..., -1:, :]
         to_start, to_end, across = jnp.exp(b), jnp.exp(b_end - b), jnp.exp(b_end[..., 0, :])[..., None]
     else:  # linear attention, DeltaNet: every decay factor is 1, and none is computed (XLA does not fold them)
         b = to_start = to_end = across = None
     q_decayed, k_to_end = _times(q, to_start), _times(k, to_end)
-    A = intra_scores(q, k, b, sub_chunk)
+    A = intra_scores(q, k, b, sub_chunk, precision=precision)
     u = beta[..., None] * v if strengths else v
     if delta:
-        L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True)
+        L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True, precision=precision)
         rhs = jnp.concatenate([u, beta[..., None] * _times(k, to_start)], axis=-1)
-        solved = einsum("...ij,...jd->...id", unit_lower_inverse(L), rhs)
+        solved = einsum("...ij,...jd->...id", unit_lower_inverse(L, precision=precision), rhs)
         u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
 
     def pass_state(S, x):

@@ -21,22 +21,20 @@ S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, transposed.
 
 Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
 log_a None or [B, T, H, 1] (a scalar per head) or [B, T, H, d_k] (a vector),
-beta None or [B, T, H], state None or [B, H, d_k, d_v]. The math runs in float32.
+beta None or [B, T, H], state None or [B, H, d_k, d_v]. The math runs in float32;
+`precision` is that of every matmul (None: the backend's default, which is TF32
+on recent GPUs; the oracle tests pass jax.lax.Precision.HIGHEST).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 from tmem.memory.reads import linear_read
 from tmem.memory.stores import add_write, delta_write
-
-HIGHEST = jax.lax.Precision.HIGHEST  # no TF32 on GPUs: the forms must agree to ~1e-6
-
-
-def einsum(spec: str, *xs):
-    return jnp.einsum(spec, *xs, precision=HIGHEST)
 
 
 def retnet_log_decay(heads: int) -> jax.Array:
@@ -57,15 +55,15 @@ def prepare(q, k, v, log_a, beta, state):
     return f32(q), f32(k), f32(v), log_a, beta, state
 
 
-def recurrent(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None):
+def recurrent(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None, precision=None):
     """The definition: one token at a time (lax.scan). Returns o [B, T, H, d_v] and the final state."""
     out_dtype = v.dtype
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
 
     # the stores' own writes and read (tmem.memory.stores, .reads), one head of one example each:
     # the delta rule writes the error of what the decayed state recalls at k_t
-    write = jax.vmap(jax.vmap(delta_write if delta else add_write))
-    read = jax.vmap(jax.vmap(linear_read))
+    write = jax.vmap(jax.vmap(partial(delta_write, precision=precision) if delta else add_write))
+    read = jax.vmap(jax.vmap(partial(linear_read, precision=precision)))
 
     def write_and_read(S, x):
         q_t, k_t, v_t, g_t, beta_t = x  # [B, H, d] and beta_t [B, H]

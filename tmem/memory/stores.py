@@ -42,22 +42,22 @@ def lstsq_write(K: jax.Array, V: jax.Array, ridge: float = 0.0) -> jax.Array:
     return jnp.linalg.solve(gram, K.T @ V)
 
 
-def corrective_write(S: jax.Array, k: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
+def corrective_write(S: jax.Array, k: jax.Array, u: jax.Array, v: jax.Array, precision=None) -> jax.Array:
     """S + u (v - S^T k)^T: write the error of the read at k along the direction u.
 
-    The read is taken at full float32 precision (no TF32 on GPUs), so the write
-    can serve as the oracle of faster forms.
+    precision: the read's matmul precision (None: the backend's default; an
+    oracle test passes jax.lax.Precision.HIGHEST).
     """
-    return S + jnp.outer(u, v - jnp.dot(k, S, precision=jax.lax.Precision.HIGHEST))
+    return S + jnp.outer(u, v - jnp.dot(k, S, precision=precision))
 
 
-def delta_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0) -> jax.Array:
+def delta_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0, precision=None) -> jax.Array:
     """The delta rule S + beta k (v - S^T k)^T = (I - beta k k^T) S + beta k v^T (Chapters 4, 10).
 
     One SGD step of size beta on 1/2 ||S^T k - v||^2; with a unit key and
     beta = 1 the pair is stored exactly (S^T k = v afterwards).
     """
-    return corrective_write(S, k, beta * k, v)
+    return corrective_write(S, k, beta * k, v, precision)
 
 
 def delta_writes(S: jax.Array, K: jax.Array, V: jax.Array, beta=1.0) -> jax.Array:

@@ -1,0 +1,1 @@
+"""Sweep gatherers: read a Hydra multirun's finished runs into a CSV table and a figure."""
