@@ -6,7 +6,7 @@ import json
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from tmem.probes import recall_curves
+from tmem.sweeps import recall_curves
 
 
 def fake_run(root, name, mixer, width, kv, lr, accuracy, seq_len=64):

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config
 from tmem.memory.capacity import capacity_theory
-from tmem.probes import slow_memory
+from tmem.sweeps import slow_memory
 
 
 def fake_run(root, name, score, expansion, accuracy, num_facts=1024, status="completed"):

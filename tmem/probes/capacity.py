@@ -81,21 +81,20 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
 
 def figure(table: dict):
     """Log-log ratio against M, the dashed line where interference equals signal, a dot per capacity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
 
     stores = [s for s in table if isinstance(table[s], dict) and "capacity" in table[s]]
     soft = table.get("softmax")
-    fig, axes = plt.subplots(1, 2 if soft else 1, figsize=(11 if soft else 6, 4.2), squeeze=False)
+    fig = Figure(figsize=(11 if soft else 6, 4.2))
+    axes = fig.subplots(1, 2 if soft else 1, squeeze=False)
     panels = [(axes[0, 0], [(s, table[s]) for s in stores if s != "softmax"],
                f"each store at d_k = {table['d_k']}")]
     if soft:
         panels.append((axes[0, 1], [(f"beta={e['beta']:g}", {**e, "store": "softmax"}) for e in soft["trend"]],
                        f"exponential read at d_k = {soft['d_k']}"))
     for ax, entries, title in panels:
-        colors = plt.cm.tab10(np.arange(len(entries)) % 10)
+        colors = colormaps["tab10"](np.arange(len(entries)) % 10)
         for (label, e), c in zip(entries, colors):
             store = e.get("store", label)
             M = np.unique(np.geomspace(2, max(4 * e["capacity"], 8), 200))

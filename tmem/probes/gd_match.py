@@ -199,7 +199,7 @@ def ood(model, cfg, learners: dict, scales, evals: Prompts) -> dict:
 
 
 def figures(report: dict, arrays: dict, depth: int) -> dict:
-    """Loss against steps, model against GD predictions, loss out of range; pyplot-free Figures."""
+    """Loss against steps, model against GD predictions, loss out of range; bare Figures, drawn without a backend."""
     from matplotlib.figure import Figure
 
     curve = report["loss_vs_steps"]

@@ -130,12 +130,10 @@ def run(inp: ProbeInput):
 
 
 def _figure(metrics, rows):
-    import matplotlib
+    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig = Figure(figsize=(8, 3.2))
+    axes = fig.subplots(1, 2)
     kinds = list(rows)
     for ax, key, label in ((axes[0], "facts_lost", "other facts lost per edit"),
                            (axes[1], "output_change", "RMS change of other outputs (relative)")):

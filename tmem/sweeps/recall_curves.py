@@ -1,7 +1,7 @@
 """Zoology's figure from a sweep: held-out MQAR accuracy against width, one line per mixer.
 
     python train.py -m experiment=recall_curves          # the sweep (configs/experiment/recall_curves.yaml)
-    python -m tmem.probes.recall_curves multirun/<date>/<time> [more sweep dirs] [--out DIR]
+    python -m tmem.sweeps.recall_curves multirun/<date>/<time> [more sweep dirs] [--out DIR]
 
 Gathers every finished run under the given directories (a run is a folder
 holding summary.json and .hydra/config.yaml), writes `recall_curves.csv` (one
@@ -76,17 +76,15 @@ def to_csv(rows: list[dict], columns: list[str] = COLUMNS) -> str:
 
 def figure(rows: list[dict]):
     """One panel per (seq_len, kv); accuracy of each cell's best run against width, a line per mixer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
 
     best = [r for r in rows if r["best"]]
     panels = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})
     mixers = sorted({r["mixer"] for r in best}, key=lambda m: (m != "softmax", m))
-    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.4 * max(len(panels), 1), 3.3), squeeze=False,
-                             sharey=True)
+    colors = {m: colormaps["tab10"](i % 10) for i, m in enumerate(mixers)}
+    fig = Figure(figsize=(3.4 * max(len(panels), 1), 3.3))
+    axes = fig.subplots(1, max(len(panels), 1), squeeze=False, sharey=True)
     for ax, (T, kv) in zip(axes[0], panels):
         for m in mixers:
             pts = sorted((r["width"], r["accuracy"]) for r in best if (r["seq_len"], r["num_kv_pairs"], r["mixer"])

@@ -1,7 +1,7 @@
 """How many facts a trained MLP holds, per score function: the memorize sweep, gathered.
 
     python train.py -m experiment=memorize                   # the sweep (configs/experiment/memorize.yaml)
-    python -m tmem.probes.slow_memory multirun/<date>/<time> [--out DIR]
+    python -m tmem.sweeps.slow_memory multirun/<date>/<time> [--out DIR]
 
 Reads every finished memorize run under the directories (summary.json beside
 .hydra/config.yaml) and writes `slow_memory.csv` and `slow_memory.png`: facts
@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 
 from tmem.layers import GATED
 from tmem.memory.capacity import capacity_theory
-from tmem.probes.recall_curves import find_runs, gather_command
+from tmem.sweeps.recall_curves import find_runs, gather_command
+from tmem.train.checkpoint import Checkpoints
 
 # the score function of an MLP -> the store of the capacity table with the same read
 READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "gelu": "gelu", "swiglu": "swiglu"}
@@ -42,8 +43,6 @@ def mlp_params(width: int, hidden: int, score: str, bias: bool) -> int:
 
 
 def _accuracy_history(run_dir: Path) -> dict[int, float]:
-    from tmem.train.checkpoint import Checkpoints
-
     if not (run_dir / "checkpoints").is_dir():
         return {}
     ckpts = Checkpoints(run_dir / "checkpoints")
@@ -90,17 +89,16 @@ def gather(roots) -> list[dict]:
 
 
 def figure(rows: list[dict]):
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_f, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8))
+    ax_f, ax_b = fig.subplots(1, 2)
     scores = sorted({r["score"] for r in rows})
     for i, s in enumerate(scores):
         rs = sorted((r for r in rows if r["score"] == s), key=lambda r: r["mlp_params"])
         p = [r["mlp_params"] for r in rs]
-        c = plt.cm.tab10(i % 10)
+        c = colormaps["tab10"](i % 10)
         ax_f.plot(p, [max(r["facts_stored"], 0.8) for r in rs], "o-", color=c, label=s)
         ax_f.plot(p, [r["random_key_facts"] for r in rs], "--", color=c, lw=0.8, marker="o", mfc="none", ms=4)
         ax_b.plot(p, [r["bits_per_param"] for r in rs], "o-", color=c, label=s)
