@@ -31,7 +31,9 @@ def documented_commands() -> list[tuple[str, str]]:
     for doc in DOCS:
         text = (ROOT / doc).read_text()
         inline = [m.group(1) for m in re.finditer(r"`(python (?:train|eval)\.py[^`]*)`", text)]
-        blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S)
+        # every fenced block, whatever its language, so a python block cannot pair one block's closing fence
+        # with the next one's opening; only shell blocks hold commands
+        blocks = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S) if lang in ("", "bash", "sh")]
         lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
         found += [(doc, " ".join(c.split())) for c in inline + lines if COMMAND.match(c.strip())]
     return found
