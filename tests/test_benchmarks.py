@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from conftest import run_entry
 
 
+@pytest.mark.slow
 def test_fast_weight_speed_times_every_row_and_form(tmp_path):
     out = tmp_path / "speed.json"
     done = run_entry("benchmarks/fast_weight_speed.py", "--lengths", "32", "48", "--repeats", "1", "--batch", "1",

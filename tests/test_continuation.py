@@ -57,7 +57,13 @@ def _read(model, inputs, splits):
     return full, jnp.concatenate(outs, 1), lengths
 
 
-@pytest.mark.parametrize("case", sorted(cases()))
+# the quick subset: each family once, tied blocks with learned positions, RoPE and the vector model; the rest
+# are slow
+QUICK = {"tokens-softmax-rope", "tokens-lsa", "tokens-none-tied-learned", "tokens-retnet-tied-learned",
+         "tokens-gated_deltanet", "vectors-lsa", "vectors-softmax"}
+
+
+@pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in sorted(cases())])
 def test_continuing_from_states_equals_one_call(tiny_cfg, case):
     from tmem.model import build_model
 

@@ -27,6 +27,7 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
         assert line in done.stdout
 
 
+@pytest.mark.slow
 def test_multirun_gives_each_job_its_own_directory(tmp_path):
     done = run_entry("train.py", "-m", *TINY, "train.steps=5", "model.width=8,16", f"hydra.sweep.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -35,6 +36,7 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path):
         assert json.loads((tmp_path / str(i) / "summary.json").read_text())["steps"] == 5
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     args = [*TINY, "train.steps=100000", "train.checkpoint_every=100000", "train.early_stop=false",
             f"hydra.run.dir={tmp_path}"]

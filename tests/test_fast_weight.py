@@ -96,12 +96,15 @@ def test_bad_configs_get_one_line(tiny_cfg, override, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", ROWS)
-def test_train_py_runs_every_row(tmp_path, row):
-    done = run_entry("train.py", *TINY, f"mixer={row}", "train.steps=10", f"hydra.run.dir={tmp_path}")
+def test_train_py_runs_every_row(tmp_path):
+    # one multirun, one process: the rows share the start-up (imports, Hydra) a process each would repeat
+    done = run_entry("train.py", "-m", *TINY, f"mixer={','.join(ROWS)}", "train.steps=10",
+                     f"hydra.sweep.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 10 and summary["state_size_per_token"] is None
+    for job, row in enumerate(ROWS):
+        summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
+        assert summary["steps"] == 10 and summary["state_size_per_token"] is None, row
+        assert f"mixer={row}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ def test_summary_fields(tiny_cfg, tmp_path):
     assert summary["parameters"] == sum(x.size for x in jax.tree.leaves(params_of(tmp_path)[1]))
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact(tiny_cfg, tmp_path):
     """N steps straight == k steps, stop, resume, N-k steps (same sampled batches, same optimizer state)."""
     cfg, resolved = tiny_cfg("train.steps=25", "train.early_stop=false")
@@ -70,6 +71,7 @@ def test_checkpoints_keep_all_or_last_k(tiny_cfg, tmp_path):
         assert "eval/accuracy" in ckpts.metrics(20)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_path):
     # Ten good steps end with a checkpoint; resumed with an absurd learning rate, the loss blows up.
     common = ("train.steps=200", "train.checkpoint_every=10", "train.log_every=1", "train.keep_checkpoints=null",
@@ -96,6 +98,7 @@ def test_resuming_with_another_optimizer_structure_fails_clearly(tiny_cfg, tmp_p
     assert "\n" not in str(e.value) and len(str(e.value)) < 500
 
 
+@pytest.mark.slow
 def test_microbatched_gradient_equals_the_whole_batch(tiny_cfg):
     cfg, _ = tiny_cfg()
     graphdef, state = init_state(build_model(cfg, cfg.task), build_optimizer(cfg.optim, 10), 0)
