@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tmem.config import ConfigError, check_group_overrides, validate
+from tmem.config import ConfigError, check_group_overrides, check_output_dirs, validate
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    problem = check_group_overrides(sys.argv[1:])
+    problem = check_group_overrides(sys.argv[1:]) or check_output_dirs(sys.argv[1:])
     if problem:
         sys.exit(f"config error: {problem}")
     main()

@@ -48,6 +48,7 @@ class LinReg:
     def __post_init__(self):
         check(
             (self.dim >= 1 and self.num_examples >= 1, "task.dim and task.num_examples must be positive"),
+            (self.heldout_size >= 1, "task.heldout_size must be at least 1"),
             (self.input_dist in ("uniform", "normal"), "task.input_dist must be uniform or normal"),
             (self.input_range > 0, "task.input_range must be positive"),
             (self.noise_std >= 0, "task.noise_std must be non-negative"),

@@ -53,6 +53,10 @@ class MQAR(TokenTask):
     def __post_init__(self):
         context = 2 * self.num_kv_pairs * self.num_passes
         check(
+            # no pairs, or keys never shown: the task would train to chance and report completion
+            (self.num_kv_pairs >= 1, "task.num_kv_pairs must be at least 1"),
+            (self.num_passes >= 1, "task.num_passes must be at least 1 (each pair is shown that many times)"),
+            (self.heldout_size >= 1, "task.heldout_size must be at least 1"),
             (self.seq_len % 2 == 0, "task.seq_len must be even"),
             (self.vocab > self.seq_len, "task.vocab must exceed task.seq_len"),
             (context + 2 * self.num_kv_pairs <= self.seq_len,

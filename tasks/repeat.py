@@ -45,6 +45,7 @@ class Repeat(TokenTask):
     def __post_init__(self):
         check(
             (self.vocab >= 3, "task.vocab must be at least 3 (BOS and two tokens)"),
+            (self.heldout_size >= 1, "task.heldout_size must be at least 1"),
             (2 <= self.min_period <= self.max_period, "task.min_period must be in [2, task.max_period]"),
             (2 * self.max_period <= self.seq_len, "task.max_period too large: need 2 * max_period <= seq_len"),
             (self.loss_on in ("second_copy", "all"), "task.loss_on must be one of: second_copy, all"),

@@ -48,6 +48,7 @@ class Triggers(TokenTask):
     def __post_init__(self):
         check(
             (self.vocab >= 3, "task.vocab must be at least 3 (BOS and two tokens)"),
+            (self.heldout_size >= 1, "task.heldout_size must be at least 1"),
             (1 <= self.num_triggers < self.vocab - 1, "task.num_triggers must be in [1, vocab - 2]"),
             (self.dirichlet_alpha > 0, "task.dirichlet_alpha must be positive"),
             (self.seq_len >= 2, "task.seq_len must be at least 2"),

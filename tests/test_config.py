@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, compose_config, run_entry
-from tmem.config import GROUPS, ConfigError, check_group_overrides, validate
+from tmem.config import GROUPS, ConfigError, check_group_overrides, check_output_dirs, validate
 from tmem.mixers import MIXERS
 
 OPTIONS = [(group, p.stem) for group in GROUPS if group != "experiment"
@@ -54,6 +54,18 @@ def test_eval_config_composes():
     (["task.num_kv_pairs=40"], "task.num_kv_pairs too large"),
     (["+task.keys=3"], "task.keys: unknown field"),
     (["mixer.name=mamba"], "mixer.name='mamba' is not one of: softmax, lsa, linear"),
+    # values that trained, compiled or reported completion before they were refused
+    (["task.num_kv_pairs=0"], "task.num_kv_pairs must be at least 1"),
+    (["task.num_passes=0"], "task.num_passes must be at least 1"),
+    (["task.heldout_size=0"], "task.heldout_size must be at least 1"),
+    (["task=repeat", "task.heldout_size=0"], "task.heldout_size must be at least 1"),
+    (["task=triggers", "task.heldout_size=0"], "task.heldout_size must be at least 1"),
+    (["task=linreg", "mixer=lsa", "task.heldout_size=0"], "task.heldout_size must be at least 1"),
+    (["optim.warmup_steps=-10"], "optim.warmup_steps=-10 must be zero or more"),
+    (["optim.b1=1.5"], "optim.b1=1.5 must be in [0, 1)"),
+    (["optim.b2=1.0"], "optim.b2=1.0 must be in [0, 1)"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1 must be zero or more"),
+    (["optim.eps=0"], "optim.eps=0.0 must be positive"),
 ])
 def test_bad_configs_fail_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -68,14 +80,28 @@ def test_unknown_group_option_names_the_allowed_ones():
     assert check_group_overrides(["mixer=softmax", "model.width=8", "experiment=null"]) is None
 
 
+def test_an_output_dir_that_is_a_file_is_named(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        assert check_output_dirs([f"{key}={a_file}"]) == \
+            f"{key}={a_file} is a file, not a directory: choose another {key}"
+    assert check_output_dirs([f"hydra.run.dir={tmp_path}", f"hydra.run.dir={tmp_path}/new"]) is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["mlp=nope"], "config error: mlp=nope: no such option; allowed:"),
     (["model.width=30"], "config error: mixer.heads=4 must divide model.width=30"),
+    (["hydra.run.dir={file}"], "config error: hydra.run.dir={file} is a file, not a directory"),
 ])
 def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
-    done = run_entry("train.py", *args, f"hydra.run.dir={tmp_path}", "logger=disabled", timeout=120)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    args, message = [a.format(file=a_file) for a in args], message.format(file=a_file)
+    done = run_entry("train.py", f"hydra.run.dir={tmp_path}", *args, "logger=disabled", timeout=120)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1].startswith(message)
+    assert a_file.read_text() == "kept"
     assert "Traceback" not in done.stderr
     assert not (Path(tmp_path) / "checkpoints").exists()
 

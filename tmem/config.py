@@ -44,6 +44,19 @@ def _positive(**fields) -> None:
             raise ValueError(f"{name}={value} must be positive")
 
 
+def _non_negative(**fields) -> None:
+    for name, value in fields.items():
+        if value < 0:
+            raise ValueError(f"{name}={value} must be zero or more")
+
+
+def _fraction(**fields) -> None:
+    """Values in [0, 1): Adam's moment decays (1 would never forget the first gradient)."""
+    for name, value in fields.items():
+        if not 0 <= value < 1:
+            raise ValueError(f"{name}={value} must be in [0, 1)")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     width: int = 64
@@ -97,7 +110,10 @@ class OptimConfig:
     def __post_init__(self):
         _choice("optim.name", self.name, ("adamw",))
         _choice("optim.schedule", self.schedule, ("cosine", "linear", "constant"))
-        _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm})
+        _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm, "optim.eps": self.eps})
+        _fraction(**{"optim.b1": self.b1, "optim.b2": self.b2})
+        _non_negative(**{"optim.weight_decay": self.weight_decay, "optim.warmup_steps": self.warmup_steps,
+                         "optim.final_lr_ratio": self.final_lr_ratio})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,4 +295,18 @@ def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -
         for option in value.split(","):
             if option not in options:
                 return f"{key}={option}: no such option; allowed: {', '.join(options)}"
+    return None
+
+
+def check_output_dirs(overrides: list[str]) -> str | None:
+    """One line for a `hydra.run.dir` or `hydra.sweep.dir` that names an existing file, else None.
+
+    Hydra creates the directory before any of tmem's code runs, and a file in
+    the way ends in its FileExistsError traceback.
+    """
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and Path(value).exists() \
+                and not Path(value).is_dir():
+            return f"{key}={value} is a file, not a directory: choose another {key}"
     return None
