@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import TINY, TINY_LINREG
 from tasks import heldout
 from tmem.model import build_model
 from tmem.train.checkpoint import CheckpointError, Checkpoints
@@ -87,6 +88,37 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_p
     step, params = params_of(tmp_path)
     assert step == 10 and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_finite_divergence_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_path):
+    # resumed at a learning rate of 1e4 the loss stays finite but far above chance (log 32 = 3.466) and the
+    # untrained loss: the run stops at the third evaluation in a row above ten times the larger of the two, and
+    # no diverging state replaces the checkpoint of step 10
+    common = ("train.steps=200", "train.eval_every=2", "train.checkpoint_every=2", "train.early_stop=false")
+    cfg, resolved = tiny_cfg(*common, "train.stop_after=10")
+    run(cfg, tmp_path, resolved)
+    cfg, resolved = tiny_cfg(*common, "train.resume=true", "optim.lr=1e4", "optim.warmup_steps=0",
+                             "optim.schedule=constant")
+    with pytest.raises(TrainingDiverged, match=r"held-out loss \S+ at step 16 has been above \S+ \(10 x the larger of "
+                                               r"chance and the untrained loss\) at 3 evaluations in a row; the last "
+                                               r"good checkpoint is step 10"):
+        run(cfg, tmp_path, resolved)
+    assert Checkpoints(tmp_path / "checkpoints").steps() == [10]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged" and np.isfinite(summary["eval/loss"]) and summary["eval/loss"] > 34.66
+
+
+def test_chance_is_the_loss_of_zero_outputs(tiny_cfg):
+    from tmem.train.build import build
+    from tmem.train.step import chance_loss
+
+    # uniform logits over the vocabulary of 32; the zero predictor of regression: half the mean squared label
+    for base, want in ((TINY, lambda b: np.log(32)), (TINY_LINREG, lambda b: 0.5 * np.mean(b.targets ** 2))):
+        cfg, _ = tiny_cfg(base=base)
+        built = build(cfg)
+        batch = heldout(cfg.task)
+        assert chance_loss(built.graphdef, cfg.task, built.state.params, built.state.rest, batch) == \
+            pytest.approx(float(want(batch)), rel=1e-5)
 
 
 def test_resuming_with_another_optimizer_structure_fails_clearly(tiny_cfg, tmp_path):

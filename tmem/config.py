@@ -142,11 +142,16 @@ class TrainConfig:
     early_stop: bool = True  # stop at the first held-out eval that reaches target
     resume: bool = False  # continue from the run directory's latest checkpoint
     stop_after: int | None = None  # end this session (with a checkpoint) after this many steps
+    # stop as diverged when the held-out loss is above diverge_factor times the larger of chance (the loss of
+    # all-zero outputs) and the untrained model's at diverge_patience evaluations in a row: a finite loss can
+    # diverge too; null turns it off
+    diverge_factor: float | None = 10.0
+    diverge_patience: int = 3
 
     def __post_init__(self):
         _positive(**{f"train.{f}": getattr(self, f) for f in
                      ("steps", "batch_size", "microbatch", "log_every", "eval_every", "checkpoint_every",
-                      "keep_checkpoints", "stop_after")})
+                      "keep_checkpoints", "stop_after", "diverge_factor", "diverge_patience")})
         if self.microbatch is not None and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
 

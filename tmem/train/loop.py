@@ -18,10 +18,11 @@ from tmem.config import Config
 from tmem.model import count_params
 from tmem.train.build import build
 from tmem.train.checkpoint import Checkpoints
-from tmem.train.step import make_eval, make_train_step
+from tmem.train.step import chance_loss, make_eval, make_train_step
 from tmem.train.tracking import Tracker
 
 PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
+FIX = "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm."
 
 
 class TrainingDiverged(RuntimeError):
@@ -73,6 +74,16 @@ class Trainer:
         self.n_params = count_params(built.model)
         graphdef, self.state, tx, schedule = built
         del built  # its arrays now live in self.state, which the step donates
+        self._evaluate = jax.jit(make_eval(graphdef, task))
+        self.heldout = jax.jit(lambda: heldout(task))()
+        # a run has diverged when its held-out loss stays far above both chance and where it started (a large
+        # init scale can start several times above chance: Zoology's figure-2 model starts at 10x)
+        self.loss_bound = None
+        if t.diverge_factor is not None:
+            untrained = float(self._evaluate(self.state.params, self.state.rest, self.heldout)["loss"])
+            chance = chance_loss(graphdef, task, self.state.params, self.state.rest, self.heldout)
+            self.loss_bound = t.diverge_factor * max(untrained, chance)
+        self.evals_above = 0  # evaluations in a row with the held-out loss above loss_bound
 
         self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints)
         self.progress = {"wall_seconds": 0.0, "target_step": None, "target_seconds": None}
@@ -91,8 +102,6 @@ class Trainer:
 
         step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch)
         self.train_step = jax.jit(step, donate_argnums=0)
-        self._evaluate = jax.jit(make_eval(graphdef, task))
-        self.heldout = jax.jit(lambda: heldout(task))()
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}
         self.shown: dict = {}  # the progress bar's training figures
@@ -172,6 +181,7 @@ class Trainer:
         self.last_eval = {f"eval/{k}": float(v) for k, v in results.items()}
         self.tracker.log(self.last_eval, step)
         self.last_eval["eval/step"] = step
+        self._check_bounded(step)
         if self.progress["target_step"] is None and self._reached(self.last_eval[self.metric]):
             self.progress.update(target_step=step, target_seconds=self._seconds())
             return True
@@ -183,16 +193,31 @@ class Trainer:
 
     def _check_finite(self, step: int) -> None:
         bad = int(self.state.nonfinite_step)
-        if bad < 0:
+        if bad >= 0:
+            raise TrainingDiverged(f"loss became NaN/Inf at step {bad + 1}; stopped at step {step}; "
+                                   f"{self._last_good()}. {FIX}")
+
+    def _check_bounded(self, step: int) -> None:
+        """Count evaluations far above chance; enough in a row is a divergence with a finite loss."""
+        t, loss = self.cfg.train, self.last_eval["eval/loss"]
+        if self.loss_bound is None:
             return
+        self.evals_above = self.evals_above + 1 if loss > self.loss_bound else 0
+        if self.evals_above >= t.diverge_patience:
+            raise TrainingDiverged(
+                f"held-out loss {loss:.4g} at step {step} has been above {self.loss_bound:.4g} ({t.diverge_factor:g} "
+                f"x the larger of chance and the untrained loss) at {self.evals_above} evaluations in a row; "
+                f"{self._last_good()}. {FIX} (train.diverge_factor=null turns this check off)")
+
+    def _last_good(self) -> str:
         last = self.ckpts.latest_step()
-        where = (f"the last good checkpoint is step {last} in {self.ckpts.directory} (still restorable)"
-                 if last is not None else "no checkpoint was written before it")
-        raise TrainingDiverged(f"loss became NaN/Inf at step {bad + 1}; stopped at step {step}; {where}. "
-                               "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm.")
+        return (f"the last good checkpoint is step {last} in {self.ckpts.directory} (still restorable)"
+                if last is not None else "no checkpoint was written before it")
 
     def _save(self) -> None:
         self._check_finite(int(self.state.step))  # never overwrite good checkpoints with NaNs
+        if self.evals_above:
+            return  # nor with a state whose held-out loss is far above chance: the last good one stays
         self.ckpts.save(self.state, {**self._eval_metrics(), "eval/step": self.last_eval.get("eval/step"),
                                      **self.progress, "wall_seconds": self._seconds()})
 

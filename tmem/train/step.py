@@ -97,6 +97,16 @@ def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size
     return train_step
 
 
+def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
+    """The loss on `batch` of a model that has learned nothing: all-zero outputs.
+
+    Zero logits are the uniform guess (log V for V classes), a zero prediction
+    the mean-free regressor; a loss far above this is a model that diverged.
+    """
+    out = jax.eval_shape(lambda: nnx.merge(graphdef, params, rest)(batch.inputs, positions=batch.positions))
+    return float(task.loss(jnp.zeros(out.shape, out.dtype), batch)[0])
+
+
 def make_eval(graphdef, task, chunk: int = 500):
     """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks."""
     loss_fn = make_loss(graphdef, task)
