@@ -22,7 +22,7 @@ train: setup
 	$(VENV)/bin/python train.py $(ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest -n 2 $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 --dist worksteal $(ARGS)
 
 test-quick: setup
-	$(VENV)/bin/python -m pytest -n 2 -m "not slow and not notebook" $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not slow and not notebook" $(ARGS)
