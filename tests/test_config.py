@@ -89,6 +89,25 @@ def test_an_output_dir_that_is_a_file_is_named(tmp_path):
     assert check_output_dirs([f"hydra.run.dir={tmp_path}", f"hydra.run.dir={tmp_path}/new"]) is None
 
 
+def test_a_run_is_continued_or_left_alone(tmp_path):
+    # a finished run's record: a fresh command into it is refused before Hydra rewrites anything
+    (tmp_path / ".hydra").mkdir()
+    record = {tmp_path / "summary.json": '{"steps": 5}', tmp_path / ".hydra" / "config.yaml": "seed: 0"}
+    for path, text in record.items():
+        path.write_text(text)
+    refused = (f"hydra.run.dir={tmp_path} already holds a run: continue it with train.resume=true, "
+               "or choose another hydra.run.dir")
+    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.seed=1"]) == refused
+    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.resume=true"]) is None
+    assert check_output_dirs(["-m", f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]) is None
+    done = run_entry("train.py", f"hydra.run.dir={tmp_path}", "train.seed=1", "logger=disabled", timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"config error: {refused}"
+    assert {p: p.read_text() for p in record} == record
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "summary.json"]
+    assert [p.name for p in (tmp_path / ".hydra").iterdir()] == ["config.yaml"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["mlp=nope"], "config error: mlp=nope: no such option; allowed:"),
     (["model.width=30"], "config error: mixer.heads=4 must divide model.width=30"),

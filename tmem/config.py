@@ -303,15 +303,30 @@ def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -
     return None
 
 
-def check_output_dirs(overrides: list[str]) -> str | None:
-    """One line for a `hydra.run.dir` or `hydra.sweep.dir` that names an existing file, else None.
+RUN_FILES = ("summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
 
-    Hydra creates the directory before any of tmem's code runs, and a file in
-    the way ends in its FileExistsError traceback.
+
+def check_output_dirs(overrides: list[str]) -> str | None:
+    """One line for an output directory the command must not write into, else None.
+
+    Hydra creates the directory and rewrites its `.hydra/` record before any of
+    tmem's code runs, so both cases are caught here, from the command line: a
+    `hydra.run.dir` or `hydra.sweep.dir` that is an existing file, and a
+    `hydra.run.dir` that already holds a run, unless the command resumes it.
     """
+    run_dir, resume = None, False
     for arg in overrides:
         key, _, value = arg.partition("=")
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in value and Path(value).exists() \
-                and not Path(value).is_dir():
+        if "${" in value:
+            continue
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and Path(value).exists() and not Path(value).is_dir():
             return f"{key}={value} is a file, not a directory: choose another {key}"
+        if key == "hydra.run.dir":
+            run_dir = value
+        if key == "train.resume":
+            resume = value.lower() == "true"
+    multirun = bool({"-m", "--multirun"} & set(overrides))  # jobs write under hydra.sweep.dir, not the run dir
+    if run_dir and not resume and not multirun and any((Path(run_dir) / f).exists() for f in RUN_FILES):
+        return (f"hydra.run.dir={run_dir} already holds a run: continue it with train.resume=true, "
+                "or choose another hydra.run.dir")
     return None
