@@ -99,6 +99,7 @@ def test_a_run_is_continued_or_left_alone(tmp_path):
                "or choose another hydra.run.dir")
     assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.seed=1"]) == refused
     assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.resume=true"]) is None
+    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "++train.resume=True"]) is None
     assert check_output_dirs(["-m", f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]) is None
     done = run_entry("train.py", f"hydra.run.dir={tmp_path}", "train.seed=1", "logger=disabled", timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr

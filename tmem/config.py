@@ -317,6 +317,7 @@ def check_output_dirs(overrides: list[str]) -> str | None:
     run_dir, resume = None, False
     for arg in overrides:
         key, _, value = arg.partition("=")
+        key = key.lstrip("+")  # ++train.resume=true overrides as train.resume=true does
         if "${" in value:
             continue
         if key in ("hydra.run.dir", "hydra.sweep.dir") and Path(value).exists() and not Path(value).is_dir():
