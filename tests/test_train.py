@@ -90,6 +90,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_p
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_a_finite_divergence_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, tmp_path):
     # resumed at a learning rate of 1e4 the loss stays finite but far above chance (log 32 = 3.466) and the
     # untrained loss: the run stops at the third evaluation in a row above ten times the larger of the two, and
