@@ -13,6 +13,7 @@ from a cache's shape.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import ClassVar
 
@@ -22,8 +23,11 @@ from flax import nnx, struct
 
 
 @dataclasses.dataclass(frozen=True)
-class MixerConfig:
-    """The fields and capabilities every row's config has; each row extends it with its knobs."""
+class MixerConfig(abc.ABC):
+    """The fields and capabilities every row's config has; each row extends it with its knobs.
+
+    Abstract: a row's config that does not say how large its state is cannot be made.
+    """
 
     name: str = ""
     lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
@@ -38,9 +42,9 @@ class MixerConfig:
         """This config as it reads `task`: its "auto" knobs resolved; ValueError if it cannot read the task."""
         return self
 
+    @abc.abstractmethod
     def state_size(self, width: int, seq_len: int) -> int:
         """Elements of the state after `seq_len` tokens, per example and layer."""
-        raise NotImplementedError
 
     def state_size_per_token(self, width: int) -> int | None:
         """How much the state grows per token; None for a fixed-size state."""
@@ -59,8 +63,12 @@ class MixerState:
 
 
 class Mixer(nnx.Module):
-    """A row as a layer. Built as `Row.layer(config, width, rope=..., rngs=...)`; called as below."""
+    """A row as a layer. Built as `Row.layer(config, width, rope=..., rngs=...)`; called as below.
 
+    Abstract (nnx modules are ABCs): a layer without `__call__` cannot be built.
+    """
+
+    @abc.abstractmethod
     def __call__(self, x_btd: jax.Array, *, state: MixerState | None = None, head_mask: jax.Array | None = None,
                  read_at: jax.Array | None = None, qk_positions: jax.Array | None = None
                  ) -> tuple[jax.Array, MixerState]:
@@ -73,7 +81,6 @@ class Mixer(nnx.Module):
         inputs of the query and key maps only; validation gives it only to rows
         that declare takes_qk_positions, and the others receive None.
         """
-        raise NotImplementedError
 
 
 def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
