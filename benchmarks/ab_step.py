@@ -62,8 +62,9 @@ def main():
                            check=True, capture_output=True)
         try:
             for label, tree in trees.items():
-                if imports_from(tree) != tree.resolve():
-                    sys.exit(f"{label}: python imports tmem from {imports_from(tree)}, not {tree}")
+                found = imports_from(tree)
+                if found != tree.resolve():
+                    sys.exit(f"{label}: python imports tmem from {found}, not {tree}")
             times = {label: [] for label in trees}
             for r in range(args.rounds):
                 for label, tree in trees.items():

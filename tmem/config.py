@@ -286,19 +286,38 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "experiment")
 
 
+def _overrides(args: list[str]) -> list[tuple[str, list]]:
+    """(key, values) of each command-line override, parsed by Hydra's own parser (flags such as -m left out).
+
+    A sweep gives each of its values; a deletion or null gives none. A line the
+    parser refuses gives nothing here, and Hydra reports it when it composes.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except HydraException:
+        return []
+    out = []
+    for o in parsed:
+        values = [] if o.is_delete() else list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        out.append((o.key_or_group, [v for v in values if v is not None]))
+    return out
+
+
 def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -> str | None:
     """One line for a command-line `group=option` naming no file in configs/, else None.
 
     Hydra would report this too, over several lines; checking first gives the
     one-line message every other config error gets.
     """
-    for arg in overrides:
-        key, eq, value = arg.lstrip("+~").partition("=")
-        if not eq or key not in GROUPS or value in ("null", ""):
+    for key, values in _overrides(overrides):
+        if key not in GROUPS:
             continue
         options = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
-        for option in value.split(","):
-            if option not in options:
+        for option in values:
+            if str(option) not in options:
                 return f"{key}={option}: no such option; allowed: {', '.join(options)}"
     return None
 
@@ -315,17 +334,15 @@ def check_output_dirs(overrides: list[str]) -> str | None:
     `hydra.run.dir` that already holds a run, unless the command resumes it.
     """
     run_dir, resume = None, False
-    for arg in overrides:
-        key, _, value = arg.partition("=")
-        key = key.lstrip("+")  # ++train.resume=true overrides as train.resume=true does
-        if "${" in value:
-            continue
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and Path(value).exists() and not Path(value).is_dir():
-            return f"{key}={value} is a file, not a directory: choose another {key}"
-        if key == "hydra.run.dir":
-            run_dir = value
+    for key, values in _overrides(overrides):
         if key == "train.resume":
-            resume = value.lower() == "true"
+            resume = values == [True]
+        elif key in ("hydra.run.dir", "hydra.sweep.dir") and values and "${" not in str(values[-1]):
+            value = str(values[-1])
+            if Path(value).exists() and not Path(value).is_dir():
+                return f"{key}={value} is a file, not a directory: choose another {key}"
+            if key == "hydra.run.dir":
+                run_dir = value
     multirun = bool({"-m", "--multirun"} & set(overrides))  # jobs write under hydra.sweep.dir, not the run dir
     if run_dir and not resume and not multirun and any((Path(run_dir) / f).exists() for f in RUN_FILES):
         return (f"hydra.run.dir={run_dir} already holds a run: continue it with train.resume=true, "

@@ -82,7 +82,7 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
 def figure(table: dict):
     """Log-log ratio against M, the dashed line where interference equals signal, a dot per capacity."""
     from matplotlib import colormaps
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
+    from matplotlib.figure import Figure
 
     stores = [s for s in table if isinstance(table[s], dict) and "capacity" in table[s]]
     soft = table.get("softmax")

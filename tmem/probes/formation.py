@@ -88,7 +88,7 @@ def formation(models, measure: Callable, *, held_out_loss: Callable[[int], float
 
 def formation_figure(f: dict):
     """Scores and loss against step, with the formation and loss-drop steps marked."""
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend switch in notebooks
+    from matplotlib.figure import Figure
 
     steps = f["steps"]
     fig = Figure(figsize=(7, 4))

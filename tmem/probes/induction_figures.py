@@ -25,7 +25,7 @@ def attention_figure(model, found: dict, example: int = 0):
     An induction head lights the stripe one right of the period's diagonal; a
     previous-token head the first sub-diagonal.
     """
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend switch in notebooks
+    from matplotlib.figure import Figure
 
     period = max(found["probes"])
     tokens = found["probes"][period][example:example + 1]

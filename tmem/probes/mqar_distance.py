@@ -41,7 +41,7 @@ def recall_by_distance(model, batch, chunk: int = 500) -> dict[str, list]:
 
 
 def _figure(rows):
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend switch in notebooks
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5, 3.2))
     ax = fig.subplots()

@@ -130,7 +130,7 @@ def run(inp: ProbeInput):
 
 
 def _figure(metrics, rows):
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 3.2))
     axes = fig.subplots(1, 2)

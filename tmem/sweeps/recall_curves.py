@@ -77,7 +77,7 @@ def to_csv(rows: list[dict], columns: list[str] = COLUMNS) -> str:
 def figure(rows: list[dict]):
     """One panel per (seq_len, kv); accuracy of each cell's best run against width, a line per mixer."""
     from matplotlib import colormaps
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
+    from matplotlib.figure import Figure
 
     best = [r for r in rows if r["best"]]
     panels = sorted({(r["seq_len"], r["num_kv_pairs"]) for r in best})

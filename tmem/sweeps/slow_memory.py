@@ -90,7 +90,7 @@ def gather(roots) -> list[dict]:
 
 def figure(rows: list[dict]):
     from matplotlib import colormaps
-    from matplotlib.figure import Figure  # a bare Figure: no global figure list, no backend to pick before savefig
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.8))
     ax_f, ax_b = fig.subplots(1, 2)
