@@ -43,7 +43,7 @@ def value_and_grads(form, x, delta, **kw):
 
     def loss(*args):
         o, S = form(**dict(x, **dict(zip(names, args))), delta=delta, precision=FULL, **kw)
-        return jnp.sum(o * do) + jnp.sum(S * dS), (o, S)
+        return jnp.sum(o * do[:, :o.shape[1]]) + jnp.sum(S * dS), (o, S)
 
     grads, (o, S) = jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
     return (o, S), dict(zip(names, grads))
@@ -67,6 +67,40 @@ def test_chunked_equals_recurrent_outputs_state_and_gradients(decay, delta):
         (o, S), g = value_and_grads(chunked, x, delta, chunk=chunk, sub_chunk=sub_chunk)
         assert rel_err(o, o_ref) <= TOL, chunk
         assert rel_err(S, S_ref) <= TOL, chunk
+        for name in g_ref:
+            assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name)
+
+
+def recurrent_read_at(*, read_at, **kw):
+    """The definition read after the tokens read_at [B, Q] only."""
+    o, S = recurrent(**kw)
+    return jnp.take_along_axis(o, read_at[:, :, None, None], axis=1), S
+
+
+@pytest.mark.parametrize("decay, delta", ROWS)
+def test_an_empty_state_and_reads_at_positions_equal_the_definition(decay, delta):
+    """The paths training takes: from no state (one chunk has no loop and reads no state) and a last layer
+    that reads at a few positions (here unsorted, repeated, first and last), in one chunk and in several."""
+    x = dict(inputs(13, decay, delta), state=None)
+    read_at = jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])
+    for kw in ({}, {"read_at": read_at}):
+        definition = partial(recurrent_read_at, **kw) if kw else recurrent
+        (o_ref, S_ref), g_ref = value_and_grads(definition, x, delta)
+        for chunk in (16, 4):
+            (o, S), g = value_and_grads(partial(chunked, chunk=chunk, sub_chunk=2, **kw), x, delta)
+            assert rel_err(o, o_ref) <= TOL, (chunk, kw)
+            assert rel_err(S, S_ref) <= TOL, (chunk, kw)
+            for name in g_ref:
+                assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name, kw)
+
+
+def test_reads_at_positions_continue_from_a_state():
+    x = inputs(13, "vector", True)
+    read_at = jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])
+    (o_ref, S_ref), g_ref = value_and_grads(partial(recurrent_read_at, read_at=read_at), x, True)
+    for chunk in (16, 4):
+        (o, S), g = value_and_grads(partial(chunked, chunk=chunk, sub_chunk=2, read_at=read_at), x, True)
+        assert rel_err(o, o_ref) <= TOL, chunk
         for name in g_ref:
             assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name)
 

@@ -115,18 +115,47 @@ def unit_lower_inverse(L, base: int = 8, precision=None):
     return inv[..., 0, :C, :C]
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def unit_lower_solve(L, R, precision=None):
+    """(I + L)^{-1} R for strictly lower-triangular L [..., C, C] and R [..., C, d].
+
+    Its backward is the solve's own, two matmuls with the inverse the forward
+    kept (dR = (I + L)^{-T} dU, dL = -dR U^T below the diagonal), not autodiff
+    through the inverse's many small steps: inside a CPU training step at
+    C = 64 those took more time than everything else in the delta rule.
+    """
+    return jnp.einsum("...ij,...jd->...id", unit_lower_inverse(L, precision=precision), R, precision=precision)
+
+
+def _solve_fwd(L, R, precision):
+    inverse = unit_lower_inverse(L, precision=precision)
+    U = jnp.einsum("...ij,...jd->...id", inverse, R, precision=precision)
+    return U, (inverse, U)
+
+
+def _solve_bwd(precision, residuals, dU):
+    inverse, U = residuals
+    dR = jnp.einsum("...ji,...jd->...id", inverse, dU, precision=precision)
+    dL = -jnp.einsum("...id,...jd->...ij", dR, U, precision=precision)
+    return jnp.where(_lower(U.shape[-2], strict=True), dL, 0.0), dR
+
+
+unit_lower_solve.defvjp(_solve_fwd, _solve_bwd)
+
+
 def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
-            chunk: int = 64, sub_chunk: int = 16, precision=None):
+            chunk: int = 64, sub_chunk: int = 16, read_at=None, precision=None):
     """Same inputs and outputs as `linear_state.recurrent`; equal to it up to float rounding.
 
     chunk: tokens per chunk (any positive size; the sequence is padded with
     tokens that neither write nor decay). sub_chunk: the largest block a
     vector decay keeps per channel (the largest divisor of chunk up to it is used).
+    read_at [B, Q]: read only after these tokens, o [B, Q, H, d_v] (every token is still written).
     precision: that of the matmuls (None: the backend's default, TF32 on recent GPUs).
     """
     einsum = partial(jnp.einsum, precision=precision)
     out_dtype = v.dtype
-    decays, strengths = log_a is not None, beta is not None
+    decays, strengths, empty = log_a is not None, beta is not None, state is None
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
     B, T, H, dk = k.shape
     N = math.ceil(T / chunk)
@@ -139,6 +168,7 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
         x = x.reshape(B, N, chunk, H, *x.shape[3:])
         return jnp.moveaxis(x, (1, 3), (0, 2))
 
+    q_read = None if read_at is None else jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
     q, k, v, g, beta = map(chunks, (q, k, v, log_a, beta))
     if decays:
         # chunk-local cumulative log decay (no global sum to lose precision), as a matmul with a triangle of
@@ -149,13 +179,13 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
         to_start, to_end, across = jnp.exp(b), jnp.exp(b_end - b), jnp.exp(b_end[..., 0, :])[..., None]
     else:  # linear attention, DeltaNet: every decay factor is 1, and none is computed (XLA does not fold them)
         b = to_start = to_end = across = None
-    q_decayed, k_to_end = _times(q, to_start), _times(k, to_end)
-    A = intra_scores(q, k, b, sub_chunk, precision=precision)
+    k_to_end = _times(k, to_end)
     u = beta[..., None] * v if strengths else v
+    from_state = not (empty and N == 1)  # else nothing reads the state entering a chunk: it is zero
     if delta:
         L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True, precision=precision)
-        rhs = jnp.concatenate([u, beta[..., None] * _times(k, to_start)], axis=-1)
-        solved = einsum("...ij,...jd->...id", unit_lower_inverse(L, precision=precision), rhs)
+        rhs = jnp.concatenate([u, beta[..., None] * _times(k, to_start)], axis=-1) if from_state else u
+        solved = unit_lower_solve(L, rhs, precision)
         u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
 
     def pass_state(S, x):
@@ -171,7 +201,47 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
         xs = (u, k_to_end, across, w)
     else:  # what each chunk writes does not depend on the state: all chunks at once, outside the scan
         xs = (u, einsum("...ck,...cv->...kv", k_to_end, u), across)
-    final, (S_in, u) = jax.lax.scan(pass_state, state, xs)
-    o = einsum("...ck,...kv->...cv", q_decayed, S_in) + einsum("...ij,...jv->...iv", A, u)
+    if not from_state:  # one chunk from an empty state: the quadratic form alone, without a loop around it
+        final, S_in = einsum("...ck,...cv->...kv", k_to_end[0], u[0]), None
+    elif N == 1:
+        final, (S_in, u) = pass_state(state, jax.tree.map(lambda x: x[0], xs))
+        S_in, u = S_in[None], u[None]
+    else:
+        final, (S_in, u) = jax.lax.scan(pass_state, state, xs)
+    if read_at is not None:
+        return _read_at(q_read, k, u, b, S_in, read_at, chunk, precision).astype(out_dtype), final
+    o = einsum("...ij,...jv->...iv", intra_scores(q, k, b, sub_chunk, precision=precision), u)
+    if S_in is not None:
+        o = o + einsum("...ck,...kv->...cv", _times(q, to_start), S_in)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, N * chunk, H, -1)[:, :T]
     return o.astype(out_dtype), final
+
+
+def _read_at(q, k, u, b, S_in, read_at, chunk: int, precision=None):
+    """The chunked read after tokens p = read_at [B, Q] only, from the chunk-major parts of `chunked`:
+
+        o_p = (q_p * e^{b_p})^T S_in[n] + sum_{j <= p in chunk n} (q_p . (k_j * e^{b_p - b_j})) u_j,   n = p // C,
+
+    so reading Q positions costs Q rows of scores, not T (a last layer scored at a few positions).
+    q [B, Q, H, d_k]; k, u, b [N, B, H, C, ...]; S_in [N, B, H, d_k, d_v] or None (zero).
+    """
+    einsum = partial(jnp.einsum, precision=precision)
+    n, i = read_at // chunk, read_at % chunk
+    rows = jnp.arange(read_at.shape[0])[:, None]
+    k_n, u_n = k[n, rows], u[n, rows]  # the read's chunk: [B, Q, H, C, d]
+    visible = jnp.arange(chunk)[None, None, None] <= i[..., None, None]  # [B, Q, 1, C]: keys up to the read
+    if b is None:
+        scores = jnp.where(visible, einsum("bqhk,bqhjk->bqhj", q, k_n), 0.0)
+    else:
+        b_n = b[n, rows]  # [B, Q, H, C, G]
+        b_p = jnp.take_along_axis(b_n, i[:, :, None, None, None], axis=3)  # [B, Q, H, 1, G]
+        decay = jnp.exp(jnp.where(visible[..., None], b_p - b_n, -jnp.inf))
+        if b.shape[-1] == 1:
+            scores = einsum("bqhk,bqhjk->bqhj", q, k_n) * decay[..., 0]
+        else:
+            scores = einsum("bqhk,bqhjk->bqhj", q, k_n * decay)
+    o = einsum("bqhj,bqhjv->bqhv", scores, u_n)
+    if S_in is not None:
+        q_start = q if b is None else q * jnp.exp(b_p[..., 0, :])
+        o = o + einsum("bqhk,bqhkv->bqhv", q_start, S_in[n, rows])
+    return o

@@ -23,13 +23,14 @@ read-out with an optional gate (SiLU or sigmoid). The state is key-major
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv
+from tmem.layers import ShortConv, short_conv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
@@ -72,7 +73,8 @@ class FastWeightConfig(MixerConfig):
     output_gate: bool = False  # multiply the read by gate_activation(W_g x)
     gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
-    chunk: int = 16  # tokens per chunk (fla uses 64, sized for GPUs)
+    # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
+    chunk: int = 64
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
     # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 
@@ -116,15 +118,31 @@ class FastWeightState(MixerState):
     """The memory S [B, H, d_phi, d_v(+1)] and the short convolutions' last inputs."""
 
     memory: jax.Array
-    conv: tuple[jax.Array, jax.Array, jax.Array] | None  # the convolutions' windows on q, k, v
+    conv: jax.Array | None  # the convolutions' last K-1 inputs [B, K-1, channels of q, k, v side by side]
 
 
 def _inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
 
 
+@jax.custom_vjp
 def _l2_normalize(x):
+    """x / sqrt(|x|^2 + 1e-6) along the last axis."""
     return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def _l2_normalize_fwd(x):
+    r = jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+    return x * r, (x * r, r)
+
+
+def _l2_normalize_bwd(residuals, dy):
+    # written out, dx = r (dy - y (y . dy)): one pass, where autodiff's goes through the rsqrt in several
+    y, r = residuals
+    return (r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True)),)
+
+
+_l2_normalize.defvjp(_l2_normalize_fwd, _l2_normalize_bwd)
 
 
 class FastWeight(Mixer):
@@ -162,22 +180,36 @@ class FastWeight(Mixer):
             self.gate = linear(width, H * d_value)
         self.out = linear(H * d_value, width)
 
-    def decay_and_strength(self, x_btd):
-        """log a_t [B, T, H, 1 or d_phi] (None for no decay) and beta_t [B, T, H] (None for 1)."""
-        cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
+    def projections(self, x_btd) -> dict[str, jax.Array]:
+        """Every map that reads x (q, k, v and the gate, strength and decay inputs) as one matmul.
+
+        Each keeps its own parameters; their kernels are put side by side for the
+        call, because on a CPU one matmul of the summed width costs about what one
+        of the small ones does (none of them has a bias).
+        """
+        names = [name for name in ("q", "k", "v", "gate", "beta", "dt", "gate_down") if hasattr(self, name)]
+        kernels = [getattr(self, name).kernel[...] for name in names]
+        y = x_btd @ jnp.concatenate(kernels, axis=1)
+        ends = list(itertools.accumulate(w.shape[1] for w in kernels))
+        return dict(zip(names, jnp.split(y, ends[:-1], axis=-1)))
+
+    def decay_and_strength(self, p: dict[str, jax.Array]):
+        """log a_t [B, T, H, 1 or d_phi] (None for no decay) and beta_t [B, T, H] (None for 1), from the projections."""
+        cfg, H = self.cfg, self.cfg.heads
+        B, T, _ = p["q"].shape
         log_a = beta = None
         if cfg.decay == "fixed":  # RetNet: gamma_h = 1 - 2^(-5-h), not learned
             log_a = jnp.broadcast_to(retnet_log_decay(H)[:, None], (B, T, H, 1))
         elif cfg.decay == "scalar":
-            dt = jax.nn.softplus(self.dt(x_btd) + self.dt_bias[...][None, None])
+            dt = jax.nn.softplus(p["dt"] + self.dt_bias[...][None, None])
             log_a = (-jnp.exp(self.A_log[...])[None, None] * dt)[..., None]
             if cfg.write_strength == "dt":
                 beta = dt
         elif cfg.decay == "vector":
-            logits = self.gate_up(self.gate_down(x_btd)).reshape(B, T, H, self.d_phi)
+            logits = self.gate_up(p["gate_down"]).reshape(B, T, H, self.d_phi)
             log_a = jax.nn.log_sigmoid(logits) / GLA_TEMPERATURE
         if cfg.write_strength == "sigmoid":
-            beta = jax.nn.sigmoid(self.beta(x_btd))
+            beta = jax.nn.sigmoid(p["beta"])
         return log_a, beta
 
     def __call__(self, x_btd, *, state: FastWeightState | None = None, head_mask=None, read_at=None,
@@ -185,35 +217,35 @@ class FastWeight(Mixer):
         """The protocol's call (tmem.mixers.base.Mixer)."""
         del qk_positions  # validation rejects shortformer for these rows
         cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
-        q, k, v = self.q(x_btd), self.k(x_btd), self.v(x_btd)
+        p = self.projections(x_btd)
+        q, k, v = p["q"], p["k"], p["v"]
         tail = None
-        if cfg.short_conv:
-            tails = (None,) * 3 if state is None else state.conv
-            (q, tq), (k, tk), (v, tv) = (conv(y, t) for conv, y, t in
-                                         zip((self.conv_q, self.conv_k, self.conv_v), (q, k, v), tails))
-            q, k, v, tail = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v), (tq, tk, tv)
+        if cfg.short_conv:  # the three filters as one, over q, k and v side by side
+            kernel = jnp.concatenate([c.kernel[...] for c in (self.conv_q, self.conv_k, self.conv_v)], axis=1)
+            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv)
+            q, k, v = jnp.split(jax.nn.silu(qkv), [q.shape[-1], q.shape[-1] + k.shape[-1]], axis=-1)
         q, k = (feature_map(cfg.feature_map, y.reshape(B, T, H, self.d_key), cfg.dpfp_nu) for y in (q, k))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":
             q, k = _l2_normalize(q), _l2_normalize(k)
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
-        log_a, beta = self.decay_and_strength(x_btd)
+        log_a, beta = self.decay_and_strength(p)
         kwargs = dict(log_a=log_a, beta=beta, delta=cfg.rule == "delta", state=None if state is None else state.memory)
-        if cfg.form == "chunked":
-            o, memory = chunked(q, k, values, chunk=cfg.chunk, sub_chunk=cfg.sub_chunk, **kwargs)
+        if cfg.form == "chunked":  # reads only at read_at
+            o, memory = chunked(q, k, values, chunk=cfg.chunk, sub_chunk=cfg.sub_chunk, read_at=read_at, **kwargs)
         else:
             o, memory = recurrent(q, k, values, **kwargs)
+            o = at_positions(o, read_at)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         if cfg.normalize:
             o = o[..., :-1] / (o[..., -1:] + NORMALISER_EPS)
         if cfg.skip:
-            o = o + self.D[...][None, None, :, None] * v
-        o, x_btd = at_positions(o, read_at), at_positions(x_btd, read_at)
+            o = o + self.D[...][None, None, :, None] * at_positions(v, read_at)
         if cfg.output_norm:
             o = self.norm(o)
         if cfg.output_gate:
-            o = o * GATE_ACTIVATIONS[cfg.gate_activation](self.gate(x_btd)).reshape(o.shape)
+            o = o * GATE_ACTIVATIONS[cfg.gate_activation](at_positions(p["gate"], read_at)).reshape(o.shape)
         o = mask_heads(o, head_mask)
         length = T + (0 if state is None else state.length)
         return self.out(o.reshape(B, -1, H * self.d_value)), FastWeightState(memory, tail, length=length)
