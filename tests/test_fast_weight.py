@@ -119,3 +119,17 @@ def test_deltanet_learns_the_default_mqar_job(tiny_cfg, tmp_path):
     raw = compose_config(["mixer=deltanet", "logger=disabled", "train.steps=3000"])
     summary = run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
     assert summary["eval/accuracy"] >= 0.99, summary
+
+
+def test_written_out_norms_equal_their_definitions():
+    """The layer's RMSNorm equals nnx.RMSNorm's, and the L2 normalisation's written-out backward equals autodiff's."""
+    from tmem.mixers.fast_weight import _l2_normalize, _rms_norm
+    x, dy, scale = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                    enumerate([(2, 5, 3, 8), (2, 5, 3, 8), (8,)]))
+    norm = nnx.RMSNorm(8, epsilon=1e-5, rngs=nnx.Rngs(0))
+    norm.scale[...] = scale
+    np.testing.assert_allclose(_rms_norm(x, scale, 1e-5), norm(x), rtol=1e-5, atol=1e-6)
+    definition = lambda x: x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)  # noqa: E731
+    (got,), (want,) = (jax.vjp(f, x)[1](dy) for f in (_l2_normalize, definition))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_l2_normalize(x), definition(x), rtol=1e-6, atol=1e-7)
