@@ -19,3 +19,15 @@ def test_fast_weight_speed_times_every_row_and_form(tmp_path):
     expected = {(form, row, T) for row in rows for form in ("chunked", "recurrent") for T in (32, 48)}
     assert expected | {("softmax", None, 32), ("softmax", None, 48)} == timed
     assert "| retnet | chunked |" in done.stdout
+
+
+@pytest.mark.slow
+def test_mqar_rows_times_each_row_against_the_first_and_trains_each(tmp_path):
+    done = run_entry("benchmarks/mqar_rows.py", "--rows", "softmax", "linear", "--seeds", "0", "--steps", "2",
+                     "--rounds", "1", "train.steps=2", "train.eval_every=1", "train.batch_size=4",
+                     "train.microbatch=null", "task.heldout_size=8", "model.width=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(results["rows"]) == set(results["runs"]) == {"softmax", "linear"}
+    assert all(r["steps"] == 2 for runs in results["runs"].values() for r in runs)
+    assert "linear" in done.stdout and "x softmax" in done.stdout
