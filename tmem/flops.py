@@ -1,0 +1,406 @@
+"""FLOPs of one training step, counted from the config: XLA's own way of counting, with every loop unrolled.
+
+XLA's `compiled.cost_analysis()["flops"]` counts the body of a while loop
+once, so it undercounts any step with a loop in it: the microbatches of
+`tmem.train.step.make_gradients` (a `lax.map`: the default 64 examples in 2
+slices of 32 report half the work) and the scan over chunks of
+`tmem.memory.chunked`. `step_flops(cfg)` counts what the step computes, part
+by part, by reading the same shapes the code makes.
+
+How things are counted, as XLA's cost analysis on a CPU counts them:
+
+* A matmul [m, k] x [k, n] is 2mkn; its backward is 2mkn for the gradient
+  of each operand that needs one (no gradient for a constant, such as the
+  triangle of ones of the chunked decays, or for the first layer's input when
+  nothing before it trains).
+* An elementwise op is 1 FLOP per element (compare, select, convert and
+  negate included); a reduction one per element reduced; a scatter-add (the
+  backward of a gather) one per element added. exp, log, rsqrt, sqrt and tanh
+  are "transcendentals", which XLA reports apart and leaves out of "flops", so
+  they count 0 here too. Composite functions (silu, softplus, the norms,
+  softmax, the loss) have the forward and backward costs XLA reports for them
+  on their own, measured on small programs (the constants below).
+* Work XLA removes is not counted: values nothing reads (the final memory
+  state and the intermediates a train step never returns), the last layer's
+  queries, scores and MLP away from the scored positions.
+
+Left out, each well under 1% of the default job: sampling the batch on
+device (threefry's integer ops), index arithmetic, the learning-rate schedule
+and other scalar work, per-row terms of norms and softmax (the statistics and
+their rsqrt, a few FLOPs per row of the width). Not modelled: XLA fusing one
+cheap producer into several consumers, which it then counts (and runs) once
+per consumer: the short convolution's SiLU and input gradient, a norm's
+statistics, the masks of the chunked memory. On the default job's rows that
+puts XLA's count 0.5 to 4% above this one (tests/test_flops.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import jax
+from flax import nnx
+
+from tasks.memorize import Memorize
+from tmem.mixers.attention import SoftmaxConfig
+from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
+from tmem.mixers.lsa import LSAConfig
+from tmem.mixers.none import NoneConfig
+from tmem.model import build_model
+
+# (forward, backward) FLOPs per element of composite functions, as XLA's CPU cost analysis counts each on its
+# own (forward alone; then forward and backward together, minus the forward), transcendentals excluded
+SILU = (4, 6)
+SIGMOID = (3, 3)
+SOFTPLUS = (6, 6)
+LOG_SIGMOID = (8, 9)
+GELU = (8, 15)
+SOFTMAX = (4, 6)
+L2_NORMALIZE = (3, 5)  # fast_weight._l2_normalize and its written-out backward
+# products and differences: both operands' gradients; one broadcast (beta v, b_i - b_j) sums its gradient too
+PRODUCT, SCALED, DIFFERENCE, BROADCAST_PRODUCT = (1, 2), (1, 3), (1, 3), (1, 4)
+ON_BLOCK = 11  # a vector decay's diagonal blocks: b_i - b_j, where, exp, the three-way product and sum over k
+SCORE_FUNCTIONS = {"linear": (0, 0), "relu": (1, 2), "relu2": (2, 5), "gelu": GELU, "swiglu": SILU}
+FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
+# norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
+NORMS = {"layernorm": (7, 13, 4), "rmsnorm": (4, 9, 3), "none": (0, 0, 0)}
+# the token loss per logit: cross-entropy forward and backward (4) and the accuracy's argmax (9)
+TOKEN_LOSS = 13
+# AdamW per parameter: the moments, bias corrections, the update and its application (13), and the global norm
+# of the gradients that the step logs (2; clipping shares it); clipping's scaling (3); weight decay (2)
+ADAM, GRAD_NORM, CLIP, WEIGHT_DECAY = 13, 2, 3, 2
+
+
+def matmul(m: int, k: int, n: int, grads: int = 2) -> int:
+    """[m, k] x [k, n] forward (2mkn) and backward: 2mkn for each of `grads` operands that need a gradient."""
+    return 2 * m * k * n * (1 + grads)
+
+
+def matvec(rows: int, m: int, n: int) -> int:
+    """rows of an [m, n] matrix times a vector (one per row): forward 2mn, the vector's gradient 2mn, the
+    matrix's mn (an outer product, one product per element, which XLA runs as a multiply, not a matmul)."""
+    return 5 * rows * m * n
+
+
+def elementwise(n: int, cost: tuple[int, ...], grad: bool = True) -> int:
+    """n elements of an op costing (forward, backward) per element; no backward without a gradient."""
+    return n * (cost[0] + (cost[1] if grad else 0))
+
+
+def norm(kind: str, n: int, input_grad: bool = True) -> int:
+    """A norm (with its scale and bias) over n elements."""
+    fwd, bwd, params_only = NORMS[kind]
+    return n * (fwd + (bwd if input_grad else params_only))
+
+
+def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
+    """FLOPs of one training step of `cfg` (a validated tmem.config.Config), by part, and their "total".
+
+    Forward and backward of `train.batch_size` examples (however many
+    microbatches), the loss, and the optimizer's update. loop_bodies_once:
+    count each loop's body once instead, as XLA's cost analysis does (one
+    microbatch, one chunk's state pass): only to check this count against XLA's.
+    """
+    task, m, t = cfg.task, cfg.model, cfg.train
+    B = t.batch_size // microbatches(t) if loop_bodies_once else t.batch_size
+    T, D = task.seq_len, m.width
+    Q = scored_positions(task)  # None: every position
+    reads = Q or T
+    parts = Counter()
+    # does the first block's input need a gradient? only if something before it trains
+    if task.input_kind == "vectors":
+        trained_input = m.read_in == "learned" or m.positions == "learned"
+        parts["embed/unembed"] += vector_head(m, B, T, reads, task.token_dim)
+    else:
+        trained_input = m.train_embeddings or m.positions == "learned"
+        parts["embed/unembed"] += token_head(m, B, T, reads, task.vocab_size)
+    if m.positions == "learned":
+        parts["embed/unembed"] += 2 * B * T * D  # the add, and the table's gradient summed over the batch
+    for layer in range(m.depth):
+        last = layer == m.depth - 1
+        parts.update(block(cfg, B, T, Q if last else None, layer > 0 or trained_input, loop_bodies_once))
+    parts["loss"] += B * reads * (TOKEN_LOSS * loss_logits(task) if task.input_kind == "tokens" else 7)
+    parts["optimizer"] += optimizer(cfg)
+    parts = {name: float(flops) for name, flops in parts.items() if flops}
+    return {**parts, "total": sum(parts.values())}
+
+
+def microbatches(train) -> int:
+    """How many slices tmem.train.step.make_gradients differentiates the batch in, one after another."""
+    return train.batch_size // train.microbatch if train.microbatch and train.microbatch < train.batch_size else 1
+
+
+def scored_positions(task) -> int | None:
+    """Positions per example the loss scores, where the model reads (None: all), from the shape of a batch."""
+    batch = jax.eval_shape(lambda: task.sample(jax.random.key(0), 1))
+    return None if batch.positions is None else batch.positions.shape[1]
+
+
+def loss_logits(task) -> int:
+    """Logits per scored position the token loss reads: the vocabulary, or only the values where it slices them
+    (tasks.memorize scores the value tokens alone; the unembedding still makes every logit)."""
+    return task.num_values if isinstance(task, Memorize) else task.vocab_size
+
+
+def token_head(m, B: int, T: int, Q: int, V: int) -> int:
+    """The embedding (its backward a scatter-add into the table), the final norm and the unembedding."""
+    flops = B * T * m.width if m.train_embeddings else 0
+    flops += norm(m.norm, B * Q * m.width)
+    flops += matmul(B * Q, m.width, V, grads=2 if m.train_embeddings else 1)
+    if m.tie_embeddings and m.train_embeddings:
+        flops += V * m.width  # the two gradients of the one table added
+    return flops
+
+
+def vector_head(m, B: int, T: int, Q: int, token_dim: int) -> int:
+    """A learned read-in (no gradient for the data) and read-out with their biases, or the identity's -y."""
+    if m.read_in == "identity":
+        return 2 * B * Q  # minus the last coordinate, and its gradient
+    read_in = matmul(B * T, token_dim, m.width, grads=1) + 2 * B * T * m.width
+    read_out = norm(m.norm, B * Q * m.width) + matmul(B * Q, m.width, 1) + 2 * B * Q
+    return read_in + read_out
+
+
+def block(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """x += mixer(norm x); x += mlp(norm x), with the mixer reading at Q positions per example (None: all)."""
+    D, R = cfg.model.width, B * (Q or T)  # R: rows out of the block
+    parts = Counter()
+    if not isinstance(cfg.mixer, NoneConfig):  # no mixer adds zeros, and XLA drops its norm and the add
+        if type(cfg.mixer) not in MIXER_FLOPS:
+            raise NotImplementedError(f"mixer {cfg.mixer.name!r}: no FLOP count; add one to tmem.flops.MIXER_FLOPS")
+        parts["norms"] += norm(cfg.model.norm, B * T * D, input_grad)
+        # the mixer's input needs a gradient when x does, or when the norm before it has a scale and bias
+        mixer_grad = input_grad or cfg.model.norm != "none"
+        parts.update(MIXER_FLOPS[type(cfg.mixer)](cfg, B, T, Q, mixer_grad, once))
+        # the residual add; backward, the two gradients of x added (and, reading at Q positions, scattered back)
+        parts["residual"] += R * D + (B * T * D + (R * D if Q else 0) if input_grad else 0)
+    if cfg.mlp.name != "none":
+        parts["norms"] += norm(cfg.model.norm, R * D)
+        parts["mlp"] += mlp(cfg.mlp, D, R)
+        parts["residual"] += 2 * R * D
+    return parts
+
+
+def mlp(cfg, D: int, rows: int) -> int:
+    """W_out s(W_in x) (SwiGLU: W_out (silu(a) * b)), with biases if any."""
+    hidden = int(round(cfg.expansion * D))
+    gated = cfg.name == "swiglu"
+    flops = matmul(rows, D, hidden * (1 + gated)) + matmul(rows, hidden, D)
+    flops += elementwise(rows * hidden, SCORE_FUNCTIONS[cfg.name]) + (3 * rows * hidden if gated else 0)
+    if cfg.bias:
+        flops += 2 * rows * (hidden * (1 + gated) + D)  # the adds, and the sums of their gradients
+    return flops
+
+
+def softmax_attention(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.attention: q only at the read positions, k and v everywhere, softmax(beta q k^T) v."""
+    c, D = cfg.mixer, cfg.model.width
+    H, d, R = c.heads, D // c.heads, B * (Q or T)
+    shortformer = cfg.model.positions == "shortformer"
+    qk_grads = 2 if input_grad or shortformer else 1  # the positions' table trains through q's and k's input
+    parts = Counter()
+    parts["mixer/projections"] += (matmul(B * T, D, D, qk_grads) + matmul(R, D, D, qk_grads)
+                                   + matmul(B * T, D, D, 2 if input_grad else 1) + matmul(R, D, D))
+    if c.bias:
+        parts["mixer/projections"] += 2 * (2 * B * T * D + R * D)
+    if shortformer:  # x + positions into q and k; backward, the table's gradient summed over the batch
+        parts["embed/unembed"] += 2 * B * T * D
+    if c.qk_norm:
+        parts["norms"] += norm("rmsnorm", (B * T + R) * D)
+    if cfg.model.positions == "rope":
+        parts["mixer/memory"] += 6 * (B * T + R) * D  # x1 cos - x2 sin, x2 cos + x1 sin, and back
+    scores = R * H * T
+    parts["mixer/memory"] += (matmul(R * H, d, T) + matmul(R * H, T, d)
+                              + elementwise(scores, SOFTMAX) + 4 * scores  # beta *, the causal where
+                              + (R * T if Q else 0))  # the mask at read positions is computed, not constant
+    return parts
+
+
+def linear_self_attention(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.lsa: the prompt layout writes T - 1 tokens into a store read by every query; the causal
+    layout reads the masked scores (its store is the final state, which training never reads)."""
+    c, D = cfg.mixer, cfg.model.width
+    H, d = c.heads, c.head_dim or D
+    R = B * (Q or T)
+    grads = 2 if input_grad else 1
+    parts = Counter()
+    parts["mixer/projections"] += (2 * matmul(B * T, D, H * d, grads) + matmul(R, D, H * d, grads)
+                                   + matmul(R, H * d, D))
+    if c.layout == "prompt":
+        parts["mixer/memory"] += matmul(B * H * d, T - 1, d) + matmul(R * H, d, d)
+    else:
+        parts["mixer/memory"] += matmul(R * H, d, T) + matmul(R * H, T, d) + 2 * R * H * T + (R * T if Q else 0)
+    return parts
+
+
+def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.fast_weight: one fused projection, the short convolution, feature map, norms, gates,
+    the chunked memory, and the read's output norm and gate."""
+    c, D = cfg.mixer, cfg.model.width
+    if c.form != "chunked":
+        raise NotImplementedError("mixer.form=recurrent: a scan over tokens; only the chunked form is counted")
+    if c.feature_map not in FEATURE_MAPS:
+        raise NotImplementedError(f"mixer.feature_map={c.feature_map}: not counted (identity, elu, relu are)")
+    H = c.heads
+    d_key, d_phi, d_v = c.widths(D)
+    N, R = B * T, B * (Q or T)
+    parts = Counter()
+    # q, k, v and every other map of x as one matmul over all tokens (the last layer's too: k and v need them)
+    columns = H * (2 * d_key + d_v) + H * d_v * c.output_gate + H * (c.write_strength == "sigmoid")
+    columns += H * (c.decay == "scalar") + GLA_RANK * (c.decay == "vector")
+    parts["mixer/projections"] += matmul(N, D, columns, 2 if input_grad else 1) + matmul(R, H * d_v, D)
+    if c.short_conv:
+        parts["mixer/conv"] += short_conv(B, T, H * (2 * d_key + d_v), c.short_conv)
+    gates = elementwise(2 * N * H * d_key, FEATURE_MAPS[c.feature_map])
+    if c.qk_norm == "l2":
+        gates += elementwise(2 * N * H * d_phi, L2_NORMALIZE)
+    if c.q_scale != 1.0:  # XLA drops a multiplication by one
+        gates += 2 * N * H * d_phi
+    if c.decay == "scalar":  # dt = softplus(W x + dt_bias), log a = -exp(A_log) dt: adds, products, gradients
+        gates += elementwise(N * H, SOFTPLUS) + 6 * N * H
+    elif c.decay == "vector":  # log a = log_sigmoid(W2 (W1 x) + b) / 16
+        gates += matmul(N, GLA_RANK, H * d_phi) + elementwise(N * H * d_phi, LOG_SIGMOID) + 4 * N * H * d_phi
+    if c.write_strength == "sigmoid":
+        gates += elementwise(N * H, SIGMOID)
+    # the read's output: normaliser, Mamba-2's skip, the per-head RMSNorm and the gate, at the read positions
+    if c.normalize:
+        gates += 4 * R * H * (d_v + 1)
+    if c.skip:
+        gates += 5 * R * H * d_v
+    if c.output_gate:
+        activation = SILU if c.gate_activation == "silu" else SIGMOID
+        gates += elementwise(R * H * d_v, activation) + 3 * R * H * d_v
+    if c.output_norm:
+        parts["norms"] += norm("rmsnorm", R * H * d_v)
+    parts["mixer/gates"] += gates
+    decay = {"none": None, "fixed": 1, "scalar": 1, "vector": d_phi}[c.decay]
+    parts["mixer/memory"] += chunked(B * H, T, d_phi, d_v + c.normalize, decay, c.decay != "fixed",
+                                     c.write_strength != "one", c.rule == "delta", c.chunk, c.sub_chunk,
+                                     None if Q is None else B * Q * H, once)
+    return parts
+
+
+def short_conv(B: int, T: int, C: int, K: int) -> int:
+    """tmem.layers.causal_conv over C channels and its SiLU: K products and K - 1 sums per output; the
+    written-out backward runs the filter backwards over the padded gradient and sums the kernel's gradient
+    as a matmul with a row of ones."""
+    forward = (2 * K - 1) * B * T * C
+    backward = (2 * K - 1) * B * (T + K - 1) * C + K * B * T * C + 2 * B * T * K * C
+    return forward + backward + elementwise(B * T * C, SILU)
+
+
+def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
+            delta: bool, chunk: int, sub_chunk: int, reads: int | None, once: bool = False) -> int:
+    """tmem.memory.chunked.chunked for BH heads of T tokens, from an empty state as training starts.
+
+    decay: None, or the width G of the log decay (1 for a scalar, dk for a vector); decay_grad: whether it
+    trains (RetNet's is fixed). reads: None (every position) or the number of (example, read, head) rows
+    `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
+    one step of it, as XLA does); with one chunk nothing reads it, and the quadratic form is all.
+    """
+    N = math.ceil(T / chunk)
+    C, chunks, rows = chunk, BH * N, BH * N * chunk
+    from_state = N > 1
+    by_decay = (SCALED if decay == 1 else PRODUCT) if decay else (0, 0)  # x * exp(b), b broadcast if scalar
+    flops = 0
+    if decay:  # b = tril(1) @ g, a gradient for g only; from chunk to chunk, k * exp(b_C - b)
+        flops += matmul(rows, C, decay, grads=int(decay_grad))
+        if from_state:
+            flops += elementwise(rows * decay, (1, 1), decay_grad) + elementwise(rows * dk, by_decay)
+    if strengths:
+        flops += elementwise(rows * dv, SCALED)  # u = beta v
+    if delta:  # L = beta (k k^T strictly below the diagonal); U = (I + L)^{-1} rhs, rhs = [u, beta k e^b]
+        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + elementwise(chunks * C * C, SCALED)
+        if from_state:
+            flops += elementwise(rows * dk, SCALED) + elementwise(rows * dk, by_decay)
+        # the inverse has no backward: unit_lower_solve's is two matmuls with the inverse it kept, and a mask
+        flops += chunks * unit_lower_inverse(C) + matmul(rows, C, dv + dk * from_state) + 2 * chunks * C * C
+    elif from_state:  # every chunk's write k^T u at once, outside the scan
+        flops += matmul(BH * N * dk, C, dv)
+    if from_state:
+        flops += (1 if once else N) * state_pass(BH, C, dk, dv, decay, delta)
+    if reads is None:
+        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + matmul(rows, C, dv)
+        if from_state:  # + (q e^b) S_in
+            flops += elementwise(rows * dk, by_decay) + matmul(rows, dk, dv) + rows * dv
+        return flops
+    return flops + read_at(reads, C, dk, dv, decay, from_state)
+
+
+def state_pass(BH: int, C: int, dk: int, dv: int, decay: int | None, delta: bool) -> int:
+    """One step of the scan over chunks (forward and backward): the delta rule's u - w S and write k^T u,
+    then S e^{b_C} + write."""
+    flops = BH * dk * dv * (1 + (sum(SCALED) if decay else 0))
+    if delta:
+        flops += matmul(BH * C, dk, dv) + elementwise(BH * C * dv, (1, 1)) + matmul(BH * dk, C, dv)
+    return flops
+
+
+def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: bool) -> int:
+    """tmem.memory.chunked._read_at for R (example, read, head) rows: one row of scores against the read's
+    chunk. Backward, the gathered keys, values, decays (and state) have their gradients scattered back."""
+    flops = matvec(R, C, dk) + matvec(R, C, dv) + R * C * (dk + dv) + R * dk  # scores, read, scatters
+    if decay:  # exp(where(visible, b_p - b_j)): sub, select and their gradients, b_p's and b_j's scattered
+        flops += 6 * R * C * decay
+        flops += elementwise(R * C * (dk if decay > 1 else 1), PRODUCT)  # k_j * decay, or scores * decay
+    else:
+        flops += elementwise(R * C, (1, 1))  # where(visible, scores, 0)
+    if from_state:
+        flops += matvec(R, dk, dv) + R * dv + R * dk * dv + (elementwise(R * dk, PRODUCT) if decay else 0)
+    return flops
+
+
+def intra_scores(chunks: int, C: int, dk: int, decay: int | None, decay_grad: bool, sub_chunk: int) -> int:
+    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T, times the decays."""
+    where = elementwise(chunks * C * C, (1, 1))
+    if decay is None:
+        return matmul(chunks * C, dk, C) + where
+    if decay == 1:  # exp(where(mask, b_i - b_j)) * (q k^T); no gradient into a fixed decay
+        diff = elementwise(chunks * C * C, DIFFERENCE, decay_grad) + (where if decay_grad else chunks * C * C)
+        return matmul(chunks * C, dk, C) + diff + elementwise(chunks * C * C, PRODUCT if decay_grad else (1, 1))
+    # a vector decay in sub-chunks of c tokens: every c x c x dk decay on the diagonal blocks; off them the
+    # decays factor through each block's first and last rows
+    c = max(s for s in range(1, min(sub_chunk, C) + 1) if C % s == 0)
+    n = C // c
+    on_block = chunks * n * c * c * dk * ON_BLOCK
+    x_ref_k_end = 2 * chunks * C * dk * (sum(DIFFERENCE) + sum(PRODUCT))  # x * exp(b - b_first), k * ...
+    between = elementwise(chunks * n * n * dk, DIFFERENCE) + elementwise(chunks * n * n * dk, (1, 1))
+    k_ref = elementwise(chunks * n * C * dk, BROADCAST_PRODUCT)
+    off_block = matmul(chunks * C, dk, C)  # "Iik,IJjk->IiJj": every pair of blocks, the diagonal ones too
+    diagonal = 4 * chunks * C * C  # placed by an einsum with the identity (a matmul of depth 1) and added
+    return on_block + x_ref_k_end + between + k_ref + off_block + diagonal
+
+
+def unit_lower_inverse(C: int, base: int = 8) -> int:
+    """Forward FLOPs of tmem.memory.chunked.unit_lower_inverse for one C x C matrix (padded to a power of two):
+    forward substitution inside blocks of `base` rows, then blocks doubling. Its gradient is never taken:
+    unit_lower_solve's backward uses the inverse it kept."""
+    P = max(base, 1 << (C - 1).bit_length())
+    flops = (P // base) * sum(2 * i * base + base for i in range(1, base))
+    s = base
+    while s < P:
+        flops += (P // (2 * s)) * (2 * 2 * s**3 + s * s)
+        s *= 2
+    return flops
+
+
+MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight}
+
+
+def optimizer(cfg) -> int:
+    """AdamW's update per parameter (weight decay on matrices only), the logged gradient norm, clipping, and
+    combining the microbatches' gradients (a weighted sum over the slices)."""
+    model = nnx.eval_shape(lambda: build_model(cfg, cfg.task))
+    shapes = [p.shape for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    params = sum(math.prod(s) for s in shapes)
+    matrices = sum(math.prod(s) for s in shapes if len(s) >= 2)
+    o = cfg.optim
+    flops = params * (ADAM + GRAD_NORM + (CLIP if o.clip_norm is not None else 0))
+    flops += (matrices * WEIGHT_DECAY) if o.weight_decay else 0
+    slices = microbatches(cfg.train)
+    if slices > 1:
+        flops += 2 * slices * params
+    if cfg.model.tie_blocks:
+        flops += (cfg.model.depth - 1) * params  # the shared block's gradients summed over its applications
+    return flops
