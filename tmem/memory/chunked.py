@@ -228,20 +228,26 @@ def _read_at(q, k, u, b, S_in, read_at, chunk: int, precision=None):
     einsum = partial(jnp.einsum, precision=precision)
     n, i = read_at // chunk, read_at % chunk
     rows = jnp.arange(read_at.shape[0])[:, None]
-    k_n, u_n = k[n, rows], u[n, rows]  # the read's chunk: [B, Q, H, C, d]
+    one = k.shape[0] == 1  # every read is in the only chunk: its keys serve all reads, and nothing is gathered
+
+    def chunk_of(x):  # the read's chunk: [B, Q, H, C, ...], or [B, 1, H, C, ...] shared by the reads
+        return x[0][:, None] if one else x[n, rows]
+
+    r = "x" if one else "q"  # the axis chunk_of leaves for the reads
+    k_n, u_n = chunk_of(k), chunk_of(u)
     visible = jnp.arange(chunk)[None, None, None] <= i[..., None, None]  # [B, Q, 1, C]: keys up to the read
     if b is None:
-        scores = jnp.where(visible, einsum("bqhk,bqhjk->bqhj", q, k_n), 0.0)
+        scores = jnp.where(visible, einsum(f"bqhk,b{r}hjk->bqhj", q, k_n), 0.0)
     else:
-        b_n = b[n, rows]  # [B, Q, H, C, G]
+        b_n = chunk_of(b)  # [B, Q or 1, H, C, G]
         b_p = jnp.take_along_axis(b_n, i[:, :, None, None, None], axis=3)  # [B, Q, H, 1, G]
         decay = jnp.exp(jnp.where(visible[..., None], b_p - b_n, -jnp.inf))
         if b.shape[-1] == 1:
-            scores = einsum("bqhk,bqhjk->bqhj", q, k_n) * decay[..., 0]
+            scores = einsum(f"bqhk,b{r}hjk->bqhj", q, k_n) * decay[..., 0]
         else:
-            scores = einsum("bqhk,bqhjk->bqhj", q, k_n * decay)
-    o = einsum("bqhj,bqhjv->bqhv", scores, u_n)
+            scores = einsum(f"bqhk,b{r}hjk,bqhjk->bqhj", q, k_n, decay)
+    o = einsum(f"bqhj,b{r}hjv->bqhv", scores, u_n)
     if S_in is not None:
         q_start = q if b is None else q * jnp.exp(b_p[..., 0, :])
-        o = o + einsum("bqhk,bqhkv->bqhv", q_start, S_in[n, rows])
+        o = o + einsum(f"bqhk,b{r}hkv->bqhv", q_start, chunk_of(S_in))
     return o

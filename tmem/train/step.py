@@ -107,8 +107,13 @@ def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
     return float(task.loss(jnp.zeros(out.shape, out.dtype), batch)[0])
 
 
-def make_eval(graphdef, task, chunk: int = 500):
-    """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks."""
+def make_eval(graphdef, task, chunk: int = 100):
+    """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks.
+
+    Chunks of 100 examples keep a chunk's activations in a CPU's cache: the default job's held-out
+    evaluation (3,000 examples) took 220 ms against 270 with chunks of 500 for softmax attention, 1.2 s
+    against 1.7 for Gated DeltaNet (BENCHMARKS.md); an evaluation every 50 steps costs about 16 steps.
+    """
     loss_fn = make_loss(graphdef, task)
 
     def evaluate(params, rest, batch: Batch):
