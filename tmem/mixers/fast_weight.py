@@ -133,7 +133,8 @@ def _l2_normalize(x):
 
 def _l2_normalize_fwd(x):
     r = jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
-    return x * r, (x * r, r)
+    y = x * r
+    return y, (y, r)
 
 
 def _l2_normalize_bwd(residuals, dy):
