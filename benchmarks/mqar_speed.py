@@ -56,6 +56,7 @@ def matmul_rate(n: int = 1024, reps: int = 20) -> float:
 
 def step_throughput(cfg, steps: int = 300) -> dict:
     task, t = cfg.task, cfg.train
+    parts = step_flops(cfg)  # first: an option the count does not cover fails here, before anything compiles
     graphdef, state, tx, schedule = build(cfg)  # what train.py runs
     step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
     start = time.perf_counter()
@@ -71,7 +72,6 @@ def step_throughput(cfg, steps: int = 300) -> dict:
         state, metrics = compiled(state)
     jax.block_until_ready(state)
     step_s = (time.perf_counter() - start) / steps
-    parts = step_flops(cfg)
     return {"compile_s": compile_s, "step_ms": 1e3 * step_s, "flops": parts.pop("total"), "xla_flops": xla_flops,
             "flops_by_part": parts, "tokens_per_s": t.batch_size * task.seq_len / step_s, "steps_per_s": 1 / step_s}
 
