@@ -31,3 +31,14 @@ def test_mqar_rows_times_each_row_against_the_first_and_trains_each(tmp_path):
     assert set(results["rows"]) == set(results["runs"]) == {"softmax", "linear"}
     assert all(r["steps"] == 2 for runs in results["runs"].values() for r in runs)
     assert "linear" in done.stdout and "x softmax" in done.stdout
+
+
+@pytest.mark.slow
+def test_mqar_speed_prints_the_analytic_count_beside_xlas():
+    done = run_entry("benchmarks/mqar_speed.py", "--skip-train", "train.batch_size=8", "train.microbatch=4",
+                     "model.width=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    # two microbatches under lax.map: XLA's cost analysis counts one, the analytic count both
+    assert 1.6 < results["flops"] / results["xla_flops"] < 2.2
+    assert "XLA's cost analysis" in done.stdout
