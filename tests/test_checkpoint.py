@@ -47,3 +47,53 @@ def test_restore_a_chosen_step_and_name_missing_ones(trained_state, tmp_path):
 def test_empty_directory_is_a_clear_error(trained_state, tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint in"):
         Checkpoints(tmp_path / "empty").restore(jax.eval_shape(lambda: trained_state))
+
+
+@pytest.fixture
+def two_steps(trained_state, tmp_path):
+    """A folder with steps 3 and 8, and the abstract state that restores them."""
+    ckpts = Checkpoints(tmp_path / "ck", config={"model": {"width": 16}}, keep=None)
+    ckpts.save(trained_state, {"eval/accuracy": 0.5})
+    later = trained_state.replace(step=trained_state.step + 5)
+    ckpts.save(later, {"eval/accuracy": 0.7})
+    ckpts.close()
+    return tmp_path / "ck", jax.eval_shape(lambda: later)
+
+
+def test_a_damaged_metrics_file_is_named_and_leaves_the_other_steps_readable(two_steps):
+    folder, abstract = two_steps
+    (folder / "8" / "metrics" / "metrics").write_text("")
+    ckpts = Checkpoints(folder)
+    assert ckpts.steps() == [3, 8] and ckpts.config() == {"model": {"width": 16}}
+    assert int(ckpts.restore(abstract, step=3).step) == 3 and ckpts.metrics(3) == {"eval/accuracy": 0.5}
+    with pytest.raises(CheckpointError, match=r"8/metrics/metrics \(the held-out metrics of step 8\) cannot be read"):
+        ckpts.metrics(8)
+    with pytest.raises(CheckpointError, match=r"8/metrics/metrics"):  # orbax's saver reads every step's metrics
+        ckpts.save(abstract.replace(step=9))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_damaged_state_files_are_reported_as_damage_with_the_intact_steps(two_steps, damage):
+    folder, abstract = two_steps
+    data = max((p for p in (folder / "8" / "state").rglob("*") if p.is_file() and "/d/" in str(p)),
+               key=lambda p: p.stat().st_size)
+    data.write_bytes(b"") if damage == "truncate" else data.unlink()
+    ckpts = Checkpoints(folder)
+    with pytest.raises(CheckpointError, match=r"step 8 .* is damaged: .* the other steps \(\[3\]\)"):
+        ckpts.restore(abstract, step=8)
+    assert int(ckpts.restore(abstract, step=3).step) == 3
+
+
+def test_a_state_of_another_shape_is_reported_as_a_config_change(two_steps):
+    folder, abstract = two_steps
+    grown = abstract.replace(step=jax.ShapeDtypeStruct((2,), abstract.step.dtype))
+    with pytest.raises(CheckpointError, match="does not fit this config"):
+        Checkpoints(folder).restore(grown, step=8)
+
+
+def test_a_step_saved_without_metrics_reads_as_none_and_saving_continues(trained_state, tmp_path):
+    Checkpoints(tmp_path / "ck").save(trained_state)
+    ckpts = Checkpoints(tmp_path / "ck")  # a new session: the saver is made over the existing step
+    assert ckpts.metrics(3) == {}
+    ckpts.save(trained_state.replace(step=trained_state.step + 1), {"eval/accuracy": 0.5})
+    assert ckpts.steps() == [3, 4] and ckpts.metrics(4) == {"eval/accuracy": 0.5}
