@@ -7,7 +7,8 @@ import pytest
 
 from conftest import ROOT, compose_config, fast_jit
 from tmem.config import validate
-from tmem.flops import state_pass, step_flops
+from tmem.flops import step_flops
+from tmem.memory.flops import state_pass
 from tmem.mixers import MIXERS
 from tmem.mixers.fast_weight import FastWeightConfig
 from tmem.train.build import build

@@ -43,6 +43,7 @@ import jax
 from flax import nnx
 
 from tasks.memorize import Memorize
+from tmem.memory.flops import chunked, elementwise, matmul
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.lsa import LSAConfig
@@ -58,9 +59,6 @@ LOG_SIGMOID = (8, 9)
 GELU = (8, 15)
 SOFTMAX = (4, 6)
 L2_NORMALIZE = (3, 5)  # fast_weight._l2_normalize and its written-out backward
-# products and differences: both operands' gradients; one broadcast (beta v, b_i - b_j) sums its gradient too
-PRODUCT, SCALED, DIFFERENCE, BROADCAST_PRODUCT = (1, 2), (1, 3), (1, 3), (1, 4)
-ON_BLOCK = 11  # a vector decay's diagonal blocks: b_i - b_j, where, exp, the three-way product and sum over k
 SCORE_FUNCTIONS = {"linear": (0, 0), "relu": (1, 2), "relu2": (2, 5), "gelu": GELU, "swiglu": SILU}
 FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
 # norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
@@ -70,22 +68,6 @@ TOKEN_LOSS = 13
 # AdamW per parameter: the moments, bias corrections, the update and its application (13), and the global norm
 # of the gradients that the step logs (2; clipping shares it); clipping's scaling (3); weight decay (2)
 ADAM, GRAD_NORM, CLIP, WEIGHT_DECAY = 13, 2, 3, 2
-
-
-def matmul(m: int, k: int, n: int, grads: int = 2) -> int:
-    """[m, k] x [k, n] forward (2mkn) and backward: 2mkn for each of `grads` operands that need a gradient."""
-    return 2 * m * k * n * (1 + grads)
-
-
-def matvec(rows: int, m: int, n: int) -> int:
-    """rows of an [m, n] matrix times a vector (one per row): forward 2mn, the vector's gradient 2mn, the
-    matrix's mn (an outer product, one product per element, which XLA runs as a multiply, not a matmul)."""
-    return 5 * rows * m * n
-
-
-def elementwise(n: int, cost: tuple[int, ...], grad: bool = True) -> int:
-    """n elements of an op costing (forward, backward) per element; no backward without a gradient."""
-    return n * (cost[0] + (cost[1] if grad else 0))
 
 
 def norm(kind: str, n: int, input_grad: bool = True) -> int:
@@ -168,7 +150,8 @@ def block(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fal
     parts = Counter()
     if not isinstance(cfg.mixer, NoneConfig):  # no mixer adds zeros, and XLA drops its norm and the add
         if type(cfg.mixer) not in MIXER_FLOPS:
-            raise NotImplementedError(f"mixer {cfg.mixer.name!r}: no FLOP count; add one to tmem.flops.MIXER_FLOPS")
+            # every row in tmem.mixers has a count (tests/test_flops.py); a new row must add its own
+            raise ValueError(f"mixer {cfg.mixer.name!r} has no FLOP count: add one to tmem.flops.MIXER_FLOPS")
         parts["norms"] += norm(cfg.model.norm, B * T * D, input_grad)
         # the mixer's input needs a gradient when x does, or when the norm before it has a scale and bias
         mixer_grad = input_grad or cfg.model.norm != "none"
@@ -288,101 +271,6 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
     forward = (2 * K - 1) * B * T * C
     backward = (2 * K - 1) * B * (T + K - 1) * C + K * B * T * C + 2 * B * T * K * C
     return forward + backward + elementwise(B * T * C, SILU)
-
-
-def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
-            delta: bool, chunk: int, sub_chunk: int, reads: int | None, once: bool = False) -> int:
-    """tmem.memory.chunked.chunked for BH heads of T tokens, from an empty state as training starts.
-
-    decay: None, or the width G of the log decay (1 for a scalar, dk for a vector); decay_grad: whether it
-    trains (RetNet's is fixed). reads: None (every position) or the number of (example, read, head) rows
-    `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
-    one step of it, as XLA does); with one chunk nothing reads it, and the quadratic form is all.
-    """
-    N = math.ceil(T / chunk)
-    C, chunks, rows = chunk, BH * N, BH * N * chunk
-    from_state = N > 1
-    by_decay = (SCALED if decay == 1 else PRODUCT) if decay else (0, 0)  # x * exp(b), b broadcast if scalar
-    flops = 0
-    if decay:  # b = tril(1) @ g, a gradient for g only; from chunk to chunk, k * exp(b_C - b)
-        flops += matmul(rows, C, decay, grads=int(decay_grad))
-        if from_state:
-            flops += elementwise(rows * decay, (1, 1), decay_grad) + elementwise(rows * dk, by_decay)
-    if strengths:
-        flops += elementwise(rows * dv, SCALED)  # u = beta v
-    if delta:  # L = beta (k k^T strictly below the diagonal); U = (I + L)^{-1} rhs, rhs = [u, beta k e^b]
-        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + elementwise(chunks * C * C, SCALED)
-        if from_state:
-            flops += elementwise(rows * dk, SCALED) + elementwise(rows * dk, by_decay)
-        # the inverse has no backward: unit_lower_solve's is two matmuls with the inverse it kept, and a mask
-        flops += chunks * unit_lower_inverse(C) + matmul(rows, C, dv + dk * from_state) + 2 * chunks * C * C
-    elif from_state:  # every chunk's write k^T u at once, outside the scan
-        flops += matmul(BH * N * dk, C, dv)
-    if from_state:
-        flops += (1 if once else N) * state_pass(BH, C, dk, dv, decay, delta)
-    if reads is None:
-        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + matmul(rows, C, dv)
-        if from_state:  # + (q e^b) S_in
-            flops += elementwise(rows * dk, by_decay) + matmul(rows, dk, dv) + rows * dv
-        return flops
-    return flops + read_at(reads, C, dk, dv, decay, from_state)
-
-
-def state_pass(BH: int, C: int, dk: int, dv: int, decay: int | None, delta: bool) -> int:
-    """One step of the scan over chunks (forward and backward): the delta rule's u - w S and write k^T u,
-    then S e^{b_C} + write."""
-    flops = BH * dk * dv * (1 + (sum(SCALED) if decay else 0))
-    if delta:
-        flops += matmul(BH * C, dk, dv) + elementwise(BH * C * dv, (1, 1)) + matmul(BH * dk, C, dv)
-    return flops
-
-
-def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: bool) -> int:
-    """tmem.memory.chunked._read_at for R (example, read, head) rows: one row of scores against the read's
-    chunk. Backward, the gathered keys, values, decays (and state) have their gradients scattered back."""
-    flops = matvec(R, C, dk) + matvec(R, C, dv) + R * C * (dk + dv) + R * dk  # scores, read, scatters
-    if decay:  # exp(where(visible, b_p - b_j)): sub, select and their gradients, b_p's and b_j's scattered
-        flops += 6 * R * C * decay
-        flops += elementwise(R * C * (dk if decay > 1 else 1), PRODUCT)  # k_j * decay, or scores * decay
-    else:
-        flops += elementwise(R * C, (1, 1))  # where(visible, scores, 0)
-    if from_state:
-        flops += matvec(R, dk, dv) + R * dv + R * dk * dv + (elementwise(R * dk, PRODUCT) if decay else 0)
-    return flops
-
-
-def intra_scores(chunks: int, C: int, dk: int, decay: int | None, decay_grad: bool, sub_chunk: int) -> int:
-    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T, times the decays."""
-    where = elementwise(chunks * C * C, (1, 1))
-    if decay is None:
-        return matmul(chunks * C, dk, C) + where
-    if decay == 1:  # exp(where(mask, b_i - b_j)) * (q k^T); no gradient into a fixed decay
-        diff = elementwise(chunks * C * C, DIFFERENCE, decay_grad) + (where if decay_grad else chunks * C * C)
-        return matmul(chunks * C, dk, C) + diff + elementwise(chunks * C * C, PRODUCT if decay_grad else (1, 1))
-    # a vector decay in sub-chunks of c tokens: every c x c x dk decay on the diagonal blocks; off them the
-    # decays factor through each block's first and last rows
-    c = max(s for s in range(1, min(sub_chunk, C) + 1) if C % s == 0)
-    n = C // c
-    on_block = chunks * n * c * c * dk * ON_BLOCK
-    x_ref_k_end = 2 * chunks * C * dk * (sum(DIFFERENCE) + sum(PRODUCT))  # x * exp(b - b_first), k * ...
-    between = elementwise(chunks * n * n * dk, DIFFERENCE) + elementwise(chunks * n * n * dk, (1, 1))
-    k_ref = elementwise(chunks * n * C * dk, BROADCAST_PRODUCT)
-    off_block = matmul(chunks * C, dk, C)  # "Iik,IJjk->IiJj": every pair of blocks, the diagonal ones too
-    diagonal = 4 * chunks * C * C  # placed by an einsum with the identity (a matmul of depth 1) and added
-    return on_block + x_ref_k_end + between + k_ref + off_block + diagonal
-
-
-def unit_lower_inverse(C: int, base: int = 8) -> int:
-    """Forward FLOPs of tmem.memory.chunked.unit_lower_inverse for one C x C matrix (padded to a power of two):
-    forward substitution inside blocks of `base` rows, then blocks doubling. Its gradient is never taken:
-    unit_lower_solve's backward uses the inverse it kept."""
-    P = max(base, 1 << (C - 1).bit_length())
-    flops = (P // base) * sum(2 * i * base + base for i in range(1, base))
-    s = base
-    while s < P:
-        flops += (P // (2 * s)) * (2 * 2 * s**3 + s * s)
-        s *= 2
-    return flops
 
 
 MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight}

@@ -197,17 +197,18 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
             u_n, write, across_n = x
         return _times(S, across_n) + write, (S, u_n)
 
-    if delta:
-        xs = (u, k_to_end, across, w)
-    else:  # what each chunk writes does not depend on the state: all chunks at once, outside the scan
-        xs = (u, einsum("...ck,...cv->...kv", k_to_end, u), across)
     if not from_state:  # one chunk from an empty state: the quadratic form alone, without a loop around it
         final, S_in = einsum("...ck,...cv->...kv", k_to_end[0], u[0]), None
-    elif N == 1:
-        final, (S_in, u) = pass_state(state, jax.tree.map(lambda x: x[0], xs))
-        S_in, u = S_in[None], u[None]
     else:
-        final, (S_in, u) = jax.lax.scan(pass_state, state, xs)
+        if delta:
+            xs = (u, k_to_end, across, w)
+        else:  # what each chunk writes does not depend on the state: all chunks at once, outside the scan
+            xs = (u, einsum("...ck,...cv->...kv", k_to_end, u), across)
+        if N == 1:
+            final, (S_in, u) = pass_state(state, jax.tree.map(lambda x: x[0], xs))
+            S_in, u = S_in[None], u[None]
+        else:
+            final, (S_in, u) = jax.lax.scan(pass_state, state, xs)
     if read_at is not None:
         return _read_at(q_read, k, u, b, S_in, read_at, chunk, precision).astype(out_dtype), final
     o = einsum("...ij,...jv->...iv", intra_scores(q, k, b, sub_chunk, precision=precision), u)
