@@ -43,16 +43,21 @@ def main(cfg: DictConfig) -> dict:
     return report
 
 
-def check_run_arg(argv: list[str]) -> str | None:
-    """A run= that names no directory, found before Hydra creates <run>/eval for it."""
-    for arg in argv:
-        if arg.startswith("run=") and arg[4:] not in ("", "null") and not Path(arg[4:]).is_dir():
-            return f"run={arg[4:]}: no such directory"
-    return None
+def check_command(argv: list[str]) -> None:
+    """The request checked before Hydra creates <run>/eval: a refused command writes nothing in the run."""
+    from tmem.config import compose_command
+    from tmem.train.evaluate import check_request
+
+    cfg = compose_command(argv, "eval")
+    probes = list(cfg.probes) if not isinstance(cfg.probes, str) else [cfg.probes]
+    check_request(cfg.run, probes, cfg.step)
 
 
 if __name__ == "__main__":
-    problem = check_run_arg(sys.argv[1:])
-    if problem:
-        sys.exit(f"error: {problem}")
+    from tmem.train.checkpoint import CheckpointError
+
+    try:
+        check_command(sys.argv[1:])
+    except (ConfigError, CheckpointError) as e:
+        sys.exit(f"error: {e}")
     main()

@@ -10,24 +10,32 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from tmem.config import ConfigError, check_group_overrides, check_output_dirs, validate
+from tmem.config import ConfigError, validate
+from tmem.train import rundir
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> dict:
+    hydra_cfg = HydraConfig.get()
+    run_dir, resolved = hydra_cfg.runtime.output_dir, OmegaConf.to_container(cfg, resolve=True)
     try:
         config = validate(cfg)
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # a job of a sweep whose directory `rundir.prepare` claimed
+            if config.train.resume and rundir.holds_run(run_dir):
+                rundir.check_resume(run_dir, resolved)
+            else:
+                rundir.claim(run_dir, hydra_wrote=True)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
 
-    from tmem.train.checkpoint import CheckpointError  # after validation: jax loads slowly
+    from tmem.train.checkpoint import CheckpointError  # after validation: orbax loads slowly
     from tmem.train.loop import TrainingDiverged, run
 
-    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        summary = run(config, run_dir, OmegaConf.to_container(cfg, resolve=True))
+        summary = run(config, run_dir, resolved)
     except (TrainingDiverged, CheckpointError) as e:
         sys.exit(f"error: {e}")
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.startswith("eval/"))
@@ -45,7 +53,8 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    problem = check_group_overrides(sys.argv[1:]) or check_output_dirs(sys.argv[1:])
-    if problem:
-        sys.exit(f"config error: {problem}")
+    try:  # before Hydra writes anything: a command refused here leaves every file as it was
+        sys.argv[1:] = rundir.prepare(sys.argv[1:])
+    except ConfigError as e:
+        sys.exit(f"config error: {e}")
     main()

@@ -83,4 +83,3 @@ if len(history.steps) >= 2:
     display(formation_figure(f))
 else:
     print("only one checkpoint: train with train.keep_checkpoints=null to see formation")
-history.close()

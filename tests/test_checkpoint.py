@@ -1,11 +1,21 @@
 """Orbax checkpoints of the train state: exact round trip, steps, metadata, clear errors."""
 
+import errno
+import json
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
+from orbax.checkpoint import v1 as ocp
 
+from conftest import ROOT
 from tmem.model import build_model
-from tmem.train.checkpoint import CheckpointError, Checkpoints
+from tmem.train.checkpoint import FINISHED, TMP_SUFFIX, CheckpointError, Checkpoints, Damaged
 from tmem.train.optim import build_optimizer, learning_rate
 from tmem.train.step import init_state, make_train_step
 
@@ -51,49 +61,167 @@ def test_empty_directory_is_a_clear_error(trained_state, tmp_path):
 
 @pytest.fixture
 def two_steps(trained_state, tmp_path):
-    """A folder with steps 3 and 8, and the abstract state that restores them."""
+    """A folder with steps 3 and 8, the abstract state that restores them, and step 3's arrays."""
     ckpts = Checkpoints(tmp_path / "ck", config={"model": {"width": 16}}, keep=None)
     ckpts.save(trained_state, {"eval/accuracy": 0.5})
     later = trained_state.replace(step=trained_state.step + 5)
     ckpts.save(later, {"eval/accuracy": 0.7})
-    ckpts.close()
-    return tmp_path / "ck", jax.eval_shape(lambda: later)
+    return tmp_path / "ck", jax.eval_shape(lambda: later), jax.device_get(trained_state)
 
 
-def test_a_damaged_metrics_file_is_named_and_leaves_the_other_steps_readable(two_steps):
-    folder, abstract = two_steps
-    (folder / "8" / "metrics" / "metrics").write_text("")
-    ckpts = Checkpoints(folder)
-    assert ckpts.steps() == [3, 8] and ckpts.config() == {"model": {"width": 16}}
-    assert int(ckpts.restore(abstract, step=3).step) == 3 and ckpts.metrics(3) == {"eval/accuracy": 0.5}
-    with pytest.raises(CheckpointError, match=r"8/metrics/metrics \(the held-out metrics of step 8\) cannot be read"):
-        ckpts.metrics(8)
-    with pytest.raises(CheckpointError, match=r"8/metrics/metrics"):  # orbax's saver reads every step's metrics
-        ckpts.save(abstract.replace(step=9))
-
-
-@pytest.mark.parametrize("damage", ["truncate", "delete"])
-def test_damaged_state_files_are_reported_as_damage_with_the_intact_steps(two_steps, damage):
-    folder, abstract = two_steps
-    data = max((p for p in (folder / "8" / "state").rglob("*") if p.is_file() and "/d/" in str(p)),
+def largest_data_file(step_dir):
+    return max((p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)),
                key=lambda p: p.stat().st_size)
-    data.write_bytes(b"") if damage == "truncate" else data.unlink()
+
+
+def flip_bytes(path, n=64):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + n] = bytes(b ^ 0xFF for b in data[middle:middle + n])
+    path.write_bytes(bytes(data))
+
+
+# Damage to the latest step (8), each as a user or a failing disk could leave it.
+DAMAGE = {
+    "truncated data": lambda s: largest_data_file(s).write_bytes(largest_data_file(s).read_bytes()[:100]),
+    "emptied data": lambda s: largest_data_file(s).write_bytes(b""),
+    "deleted data": lambda s: largest_data_file(s).unlink(),
+    "bit-flipped data": lambda s: flip_bytes(largest_data_file(s)),
+    "deleted manifest": lambda s: (s / "state" / "manifest.ocdbt").unlink(),
+    "emptied state metadata": lambda s: (s / "state" / "_METADATA").write_text(""),
+    "emptied step metadata": lambda s: (s / FINISHED).write_text(""),
+    "checksum changed": lambda s: (s / FINISHED).write_text(_edit_checksum(s / FINISHED)),
+}
+
+
+def _edit_checksum(path):
+    meta = json.loads(path.read_text())
+    first = next(iter(meta["custom_metadata"]["checksums"]))
+    meta["custom_metadata"]["checksums"][first] = "0" * 64
+    return json.dumps(meta)
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_is_named_and_a_resume_falls_back_to_the_newest_intact_step(two_steps, damage, caplog):
+    folder, abstract, step_3 = two_steps
+    DAMAGE[damage](folder / "8")
     ckpts = Checkpoints(folder)
-    with pytest.raises(CheckpointError, match=r"step 8 .* is damaged: .* the other steps \(\[3\]\)"):
-        ckpts.restore(abstract, step=8)
-    assert int(ckpts.restore(abstract, step=3).step) == 3
+    with pytest.raises(Damaged, match=r"step 8 .*(damaged|cannot be verified).*the newest intact step is 3"):
+        ckpts.restore(abstract, step=8)  # eval of that step: one line, never "does not fit this config"
+    restored = ckpts.resume(abstract)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), step_3)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "resume" in r.getMessage()]
+    assert len(warnings) == 1 and "step 8" in warnings[0] and "8.damaged" in warnings[0]
+    assert ckpts.steps() == [3] and (folder / "8.damaged").is_dir()  # moved aside, not deleted
+    ckpts.save(restored.replace(step=restored.step + 5))  # the run goes on and saves step 8 afresh
+    assert ckpts.steps() == [3, 8] and int(ckpts.restore(abstract).step) == 8
+
+
+def test_every_step_damaged_is_one_line(two_steps):
+    folder, abstract, _ = two_steps
+    for step in ("3", "8"):
+        largest_data_file(folder / step).unlink()
+    with pytest.raises(CheckpointError, match="no intact checkpoint in .* every step was damaged"):
+        Checkpoints(folder).resume(abstract)
 
 
 def test_a_state_of_another_shape_is_reported_as_a_config_change(two_steps):
-    folder, abstract = two_steps
+    folder, abstract, _ = two_steps
     grown = abstract.replace(step=jax.ShapeDtypeStruct((2,), abstract.step.dtype))
-    with pytest.raises(CheckpointError, match="does not fit this config"):
+    with pytest.raises(CheckpointError, match="does not fit this config") as raised:
         Checkpoints(folder).restore(grown, step=8)
+    assert not isinstance(raised.value, Damaged)
 
 
-def test_a_step_saved_without_metrics_reads_as_none_and_saving_continues(trained_state, tmp_path):
-    Checkpoints(tmp_path / "ck").save(trained_state)
-    ckpts = Checkpoints(tmp_path / "ck")  # a new session: the saver is made over the existing step
-    assert ckpts.metrics(3) == {}
-    ckpts.save(trained_state.replace(step=trained_state.step + 1), {"eval/accuracy": 0.5})
-    assert ckpts.steps() == [3, 4] and ckpts.metrics(4) == {"eval/accuracy": 0.5}
+def test_metrics_are_not_needed_to_restore_or_to_save(two_steps, caplog):
+    folder, abstract, _ = two_steps
+    (folder / "8" / FINISHED).write_text("")  # the file that holds a step's metrics (and checksums)
+    ckpts = Checkpoints(folder)
+    assert ckpts.metrics(8) == {} and "step 8's metrics are unknown" in caplog.text
+    assert ckpts.metrics(3) == {"eval/accuracy": 0.5} and ckpts.config() == {"model": {"width": 16}}
+    restored = ckpts.restore(abstract, step=3)
+    ckpts.save(restored.replace(step=restored.step + 17))  # a damaged step does not stop a save
+    assert ckpts.steps()[-1] == 20
+
+
+def test_an_old_step_is_deleted_only_after_the_new_one_reads_back(trained_state, tmp_path, monkeypatch):
+    ckpts = Checkpoints(tmp_path / "ck", keep=1)
+    ckpts.save(trained_state)
+    later = trained_state.replace(step=trained_state.step + 5)
+    real_save = ocp.save_checkpointables
+
+    def save_then_rot(path, checkpointables, **kwargs):  # the disk returns other bytes than were written
+        real_save(path, checkpointables, **kwargs)
+        flip_bytes(largest_data_file(Path(path)))
+
+    monkeypatch.setattr(ocp, "save_checkpointables", save_then_rot)
+    with pytest.raises(CheckpointError, match=r"step 8 was written but does not read back .* moved it to "
+                                              r"8.damaged; the earlier steps \[3\] are kept"):
+        ckpts.save(later)
+    assert ckpts.steps() == [3]
+    monkeypatch.setattr(ocp, "save_checkpointables", real_save)
+    ckpts.save(later)  # a save that reads back replaces step 3
+    assert ckpts.steps() == [8] and (tmp_path / "ck" / "8.damaged").is_dir()
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(trained_state, tmp_path, monkeypatch):
+    ckpts = Checkpoints(tmp_path / "ck", keep=1)
+    ckpts.save(trained_state)
+    real_save = ocp.save_checkpointables
+
+    def full_disk(path, checkpointables, **kwargs):  # half the arrays written, then the device is full
+        (Path(path).parent / f"{Path(path).name}{TMP_SUFFIX}-1").mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ocp, "save_checkpointables", full_disk)
+    with pytest.raises(CheckpointError, match=r"cannot save step 8 .*: no space left on device; the earlier steps "
+                                              r"\[3\] are intact. Free space, then continue with train.resume=true"):
+        ckpts.save(trained_state.replace(step=trained_state.step + 5))
+    monkeypatch.setattr(ocp, "save_checkpointables", real_save)
+    assert ckpts.steps() == [3] and sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["3"]
+    assert int(ckpts.restore(jax.eval_shape(lambda: trained_state)).step) == 3
+
+
+def test_saving_a_step_again_keeps_one_copy(trained_state, tmp_path):
+    ckpts = Checkpoints(tmp_path / "ck")
+    ckpts.save(trained_state, {"eval/accuracy": 0.5})
+    ckpts.save(trained_state, {"eval/accuracy": 0.5})  # the final save after a periodic one at the same step
+    assert ckpts.steps() == [3] and not list((tmp_path / "ck").glob("*.damaged"))
+
+
+KILLED_WHILE_SAVING = """
+import os, signal, sys
+import jax.numpy as jnp
+from orbax.checkpoint._src.path import async_path
+from tmem.train.checkpoint import Checkpoints
+from tmem.train.step import TrainState
+
+def state(step):
+    return TrainState(step=jnp.int32(step), params={"w": jnp.arange(12.0) * step}, rest={}, opt_state=(),
+                      key=jnp.zeros(2, jnp.uint32), nonfinite_step=jnp.int32(-1))
+
+ckpts = Checkpoints(sys.argv[1], keep=1)
+ckpts.save(state(3))
+async def killed(*args, **kwargs):  # every file of the step is written; orbax is about to rename it into place
+    os.kill(os.getpid(), signal.SIGKILL)
+async_path.rename = killed
+ckpts.save(state(8))
+"""
+
+
+def test_a_kill_while_a_checkpoint_is_written_loses_nothing(tmp_path):
+    from tmem.train.step import TrainState
+
+    done = subprocess.run([sys.executable, "-c", KILLED_WHILE_SAVING, str(tmp_path / "ck")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("8")]  # the half-written step
+    ckpts = Checkpoints(tmp_path / "ck", keep=1)
+    assert ckpts.steps() == [3]
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), np.int32), params={"w": jax.ShapeDtypeStruct((12,), np.float32)},
+                          rest={}, opt_state=(), key=jax.ShapeDtypeStruct((2,), np.uint32),
+                          nonfinite_step=jax.ShapeDtypeStruct((), np.int32))
+    restored = ckpts.resume(abstract)
+    np.testing.assert_array_equal(restored.params["w"], np.arange(12.0) * 3)
+    ckpts.save(restored.replace(step=restored.step + 5))  # the next save clears what the killed one left
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["8"]

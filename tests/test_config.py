@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, compose_config, run_entry
-from tmem.config import GROUPS, ConfigError, check_group_overrides, check_output_dirs, validate
+from tmem.config import GROUPS, ConfigError, check_group_overrides, validate
 from tmem.mixers import MIXERS
 
 OPTIONS = [(group, p.stem) for group in GROUPS if group != "experiment"
@@ -78,35 +78,6 @@ def test_unknown_group_option_names_the_allowed_ones():
     mixers = ", ".join(sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml")))
     assert problem == f"mixer=linear_attention: no such option; allowed: {mixers}"
     assert check_group_overrides(["mixer=softmax", "model.width=8", "experiment=null"]) is None
-
-
-def test_an_output_dir_that_is_a_file_is_named(tmp_path):
-    a_file = tmp_path / "notes.txt"
-    a_file.write_text("")
-    for key in ("hydra.run.dir", "hydra.sweep.dir"):
-        assert check_output_dirs([f"{key}={a_file}"]) == \
-            f"{key}={a_file} is a file, not a directory: choose another {key}"
-    assert check_output_dirs([f"hydra.run.dir={tmp_path}", f"hydra.run.dir={tmp_path}/new"]) is None
-
-
-def test_a_run_is_continued_or_left_alone(tmp_path):
-    # a finished run's record: a fresh command into it is refused before Hydra rewrites anything
-    (tmp_path / ".hydra").mkdir()
-    record = {tmp_path / "summary.json": '{"steps": 5}', tmp_path / ".hydra" / "config.yaml": "seed: 0"}
-    for path, text in record.items():
-        path.write_text(text)
-    refused = (f"hydra.run.dir={tmp_path} already holds a run: continue it with train.resume=true, "
-               "or choose another hydra.run.dir")
-    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.seed=1"]) == refused
-    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "train.resume=true"]) is None
-    assert check_output_dirs([f"hydra.run.dir={tmp_path}", "++train.resume=True"]) is None
-    assert check_output_dirs(["-m", f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]) is None
-    done = run_entry("train.py", f"hydra.run.dir={tmp_path}", "train.seed=1", "logger=disabled", timeout=120)
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"config error: {refused}"
-    assert {p: p.read_text() for p in record} == record
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "summary.json"]
-    assert [p.name for p in (tmp_path / ".hydra").iterdir()] == ["config.yaml"]
 
 
 @pytest.mark.parametrize("args, message", [

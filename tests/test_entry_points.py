@@ -7,7 +7,10 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, run_entry
@@ -90,3 +93,35 @@ def test_eval_errors_are_one_line(tiny_run, tmp_path, args, message):
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert fill(message) in last and "Traceback" not in done.stderr
+
+
+KILLED_AFTER_A_CHECKPOINT = """
+import os, runpy, signal, sys
+from tmem.train.checkpoint import Checkpoints
+
+save = Checkpoints.save
+def save_then_die(self, state, metrics=None):
+    save(self, state, metrics)
+    if int(state.step) == 10:  # the named point: just after the step-10 checkpoint, mid-run
+        os.kill(os.getpid(), signal.SIGKILL)
+Checkpoints.save = save_then_die
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_training_resumes_exactly(tmp_path):
+    from tmem.train.restore import load_run
+
+    args = [*TINY, "train.early_stop=false", "train.checkpoint_every=10"]  # 20 steps
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_A_CHECKPOINT, *args, f"hydra.run.dir={tmp_path / 'a'}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    for done in (run_entry("train.py", *args, "train.resume=true", f"hydra.run.dir={tmp_path / 'a'}"),
+                 run_entry("train.py", *args, f"hydra.run.dir={tmp_path / 'b'}")):
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["resumed_from"] == 10
+    resumed, straight = (load_run(tmp_path / run).model for run in ("a", "b"))
+    for a, b in zip(jax.tree.leaves(nnx.state(resumed)), jax.tree.leaves(nnx.state(straight))):
+        np.testing.assert_array_equal(a, b)

@@ -134,7 +134,6 @@ def test_periods_that_do_not_fit_are_a_config_error(tiny_repeat_run):
     from tmem.train.restore import load_run
 
     cfg, model, step, history = load_run(tiny_repeat_run)
-    history.close()
     inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0), options={"periods": [4, 40]})
     with pytest.raises(ConfigError, match="period 40"):
         PROBES["induction"].run(inp)
@@ -155,7 +154,6 @@ def train_and_probe(tmp_path, *overrides):
     cfg, model, step, history = load_run(tmp_path)
     report, _ = PROBES["induction"].run(ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0),
                                                    history=history))
-    history.close()
     return report
 
 

@@ -20,7 +20,6 @@ from tmem.train.step import init_state, make_eval, make_gradients, make_loss
 
 def params_of(run_dir):
     _, model, step, history = load_run(run_dir)
-    history.close()
     return step, jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 

@@ -286,7 +286,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "experiment")
 
 
-def _overrides(args: list[str]) -> list[tuple[str, list]]:
+def overrides_of(args: list[str]) -> list[tuple[str, list]]:
     """(key, values) of each command-line override, parsed by Hydra's own parser (flags such as -m left out).
 
     A sweep gives each of its values; a deletion or null gives none. A line the
@@ -312,7 +312,7 @@ def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -
     Hydra would report this too, over several lines; checking first gives the
     one-line message every other config error gets.
     """
-    for key, values in _overrides(overrides):
+    for key, values in overrides_of(overrides):
         if key not in GROUPS:
             continue
         options = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
@@ -322,29 +322,39 @@ def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -
     return None
 
 
-RUN_FILES = ("summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
+def compose_command(args: list[str], config_name: str = "train", config_dir: Path = CONFIG_DIR,
+                    sweeps: bool = True) -> DictConfig:
+    """The config Hydra will compose from a command line, its own `hydra` section included.
 
-
-def check_output_dirs(overrides: list[str]) -> str | None:
-    """One line for an output directory the command must not write into, else None.
-
-    Hydra creates the directory and rewrites its `.hydra/` record before any of
-    tmem's code runs, so both cases are caught here, from the command line: a
-    `hydra.run.dir` or `hydra.sweep.dir` that is an existing file, and a
-    `hydra.run.dir` that already holds a run, unless the command resumes it.
+    For checks that must run before Hydra writes anything. A sweep's overrides
+    are left out unless `sweeps` (Hydra's compose cannot take them); Hydra's
+    errors become one ConfigError line.
     """
-    run_dir, resume = None, False
-    for key, values in _overrides(overrides):
-        if key == "train.resume":
-            resume = values == [True]
-        elif key in ("hydra.run.dir", "hydra.sweep.dir") and values and "${" not in str(values[-1]):
-            value = str(values[-1])
-            if Path(value).exists() and not Path(value).is_dir():
-                return f"{key}={value} is a file, not a directory: choose another {key}"
-            if key == "hydra.run.dir":
-                run_dir = value
-    multirun = bool({"-m", "--multirun"} & set(overrides))  # jobs write under hydra.sweep.dir, not the run dir
-    if run_dir and not resume and not multirun and any((Path(run_dir) / f).exists() for f in RUN_FILES):
-        return (f"hydra.run.dir={run_dir} already holds a run: continue it with train.resume=true, "
-                "or choose another hydra.run.dir")
-    return None
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    lines = [a for a in args if not a.startswith("-")]
+    try:
+        if not sweeps:
+            lines = [o.input_line for o in OverridesParser.create().parse_overrides(lines) if not o.is_sweep_override()]
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=config_name):
+            return compose(config_name, overrides=lines, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:  # Hydra's message in one line, its object dumps left out
+        kept = [line.strip() for line in str(e).splitlines()
+                if line.strip() and not line.lstrip().startswith(("full_key", "object_type", "reference_type", "See "))]
+        unparsed = [line for line in lines if not _parses(line)]
+        where = f"{unparsed[0]}: " if unparsed else ""
+        raise ConfigError(f"{where}{' '.join(kept)} (see the override grammar: key=value, +key=value to add a "
+                          "field)") from None
+
+
+def _parses(line: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        OverridesParser.create().parse_overrides([line])
+        return True
+    except HydraException:
+        return False

@@ -46,10 +46,7 @@ def _accuracy_history(run_dir: Path) -> dict[int, float]:
     if not (run_dir / "checkpoints").is_dir():
         return {}
     ckpts = Checkpoints(run_dir / "checkpoints")
-    try:
-        return {s: ckpts.metrics(s).get("eval/accuracy") for s in ckpts.steps()}
-    finally:
-        ckpts.close()
+    return {s: ckpts.metrics(s).get("eval/accuracy") for s in ckpts.steps()}
 
 
 def read_run(run_dir: Path) -> dict | None:

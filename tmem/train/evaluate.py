@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import jax
 
 from tmem.config import ConfigError, LoggerConfig
 from tmem.probes import PROBES, ProbeInput
-from tmem.train.restore import load_run
+from tmem.train.restore import load_run, saved_run
 from tmem.train.tracking import Tracker
 
 
@@ -29,43 +28,47 @@ def select_probes(names: list[str], cfg) -> list[str]:
     return names
 
 
+def check_request(run_dir: str | None, probe_names: list[str], step: int | None = None) -> None:
+    """Everything about an eval request that can be checked without restoring a model (eval.py calls it
+    before Hydra writes the run's eval folder); ConfigError or CheckpointError in one line."""
+    select_probes(probe_names, None if run_dir is None else saved_run(run_dir, step)[0])
+
+
 def evaluate(run_dir: str | None, probe_names: list[str], *, out_dir: Path, step: int | None = None,
              logger: LoggerConfig = LoggerConfig(), seed: int = 0, options: dict | None = None) -> dict:
     """Run the probes and write `report.json` and figures to out_dir; return the report."""
     cfg = model = history = None
-    with contextlib.ExitStack() as cleanup:  # the run's checkpoints are released even when a probe fails
-        if run_dir is not None:
-            cfg, model, step, history = load_run(run_dir, step)
-            cleanup.callback(history.close)
-        select_probes(probe_names, cfg)
-        out_dir = Path(out_dir).absolute()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        report_path = out_dir / "report.json"
-        report = json.loads(report_path.read_text()) if report_path.exists() else {}
-        if report.get("step") != step:
-            report = {}  # a report describes one checkpoint
-        report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step)
+    if run_dir is not None:
+        cfg, model, step, history = load_run(run_dir, step)
+    select_probes(probe_names, cfg)
+    out_dir = Path(out_dir).absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    if report.get("step") != step:
+        report = {}  # a report describes one checkpoint
+    report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step)
 
-        name = cfg.name or Path(run_dir).absolute().name if cfg else "probes"
-        tracker = Tracker(logger, out_dir.parent if run_dir else out_dir, name=f"{name}-eval-{step}", group=name,
-                          config={"run": report["run"], "step": step, "probes": probe_names}, job_type="eval")
-        inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(seed),
-                         run_dir=None if run_dir is None else Path(run_dir).absolute(), history=history)
-        figures = {}
-        for probe_name in probe_names:
-            inp.options = dict((options or {}).get(probe_name, {}))
-            metrics, figs = PROBES[probe_name].run(inp)
-            report[probe_name] = metrics
-            for fig_name, fig in figs.items():
-                path = out_dir / f"{fig_name}.png"
-                fig.savefig(path, dpi=120)
-                figures[fig_name] = str(path)
-                tracker.image(f"{probe_name}/{fig_name}", path)
-            tracker.log({f"{probe_name}/{k}": v for k, v in _scalars(metrics).items()}, step=None)
-        report["figures"] = {**report.get("figures", {}), **figures}
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
-        tracker.finish()
-        return report
+    name = cfg.name or Path(run_dir).absolute().name if cfg else "probes"
+    tracker = Tracker(logger, out_dir.parent if run_dir else out_dir, name=f"{name}-eval-{step}", group=name,
+                      config={"run": report["run"], "step": step, "probes": probe_names}, job_type="eval")
+    inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(seed),
+                     run_dir=None if run_dir is None else Path(run_dir).absolute(), history=history)
+    figures = {}
+    for probe_name in probe_names:
+        inp.options = dict((options or {}).get(probe_name, {}))
+        metrics, figs = PROBES[probe_name].run(inp)
+        report[probe_name] = metrics
+        for fig_name, fig in figs.items():
+            path = out_dir / f"{fig_name}.png"
+            fig.savefig(path, dpi=120)
+            figures[fig_name] = str(path)
+            tracker.image(f"{probe_name}/{fig_name}", path)
+        tracker.log({f"{probe_name}/{k}": v for k, v in _scalars(metrics).items()}, step=None)
+    report["figures"] = {**report.get("figures", {}), **figures}
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    tracker.finish()
+    return report
 
 
 def _scalars(tree: dict, prefix: str = "") -> dict[str, float]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -17,7 +17,7 @@ from tasks import heldout
 from tmem.config import Config
 from tmem.model import count_params
 from tmem.train.build import build
-from tmem.train.checkpoint import Checkpoints
+from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.step import chance_loss, make_eval, make_train_step
 from tmem.train.tracking import Tracker
 
@@ -29,7 +29,7 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
 
 
-@contextmanager
+@contextlib.contextmanager
 def stop_requests():
     """SIGINT/SIGTERM ask the loop to save and stop; a second one stops at once."""
     received: list[int] = []
@@ -87,13 +87,15 @@ class Trainer:
 
         self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints)
         self.progress = {"wall_seconds": 0.0, "target_step": None, "target_seconds": None}
-        self.resumed_from = self.ckpts.latest_step() if t.resume else None
-        if self.resumed_from is not None:
-            self.state = self.ckpts.restore(jax.eval_shape(lambda: self.state))
-            saved = self.ckpts.metrics(self.resumed_from)
-            self.progress.update({k: saved[k] for k in PROGRESS_KEYS if k in saved})
-        elif t.resume:
-            print(f"train.resume: no checkpoint in {self.ckpts.directory} yet; starting from step 0")
+        self.resumed_from = None
+        if t.resume:
+            restored = self.ckpts.resume(jax.eval_shape(lambda: self.state))
+            if restored is None:
+                print(f"train.resume: no checkpoint in {self.ckpts.directory} yet; starting from step 0")
+            else:
+                self.state, self.resumed_from = restored, int(restored.step)
+                saved = self.ckpts.metrics(self.resumed_from)  # {} if unreadable: the state does not need them
+                self.progress.update({k: saved[k] for k in PROGRESS_KEYS if k in saved})
 
         self.name = cfg.name or run_dir.name
         session = self.name if self.resumed_from is None else f"{self.name}-resume-{self.resumed_from}"
@@ -143,6 +145,12 @@ class Trainer:
         except TrainingDiverged:
             self._write_summary({"status": "diverged", "steps": step, "wall_seconds": self._seconds(),
                                  **self._eval_metrics()})
+            self._close(bar, exit_code=1)
+            raise
+        except CheckpointError:  # a save that failed: the earlier checkpoints stand, and the summary says so
+            with contextlib.suppress(OSError):  # unless the disk is full
+                self._write_summary({"status": "save_failed", "steps": step, "wall_seconds": self._seconds(),
+                                     "checkpoint_step": self.ckpts.latest_step(), **self._eval_metrics()})
             self._close(bar, exit_code=1)
             raise
         summary = self._summary(status, step)
@@ -251,5 +259,4 @@ class Trainer:
 
     def _close(self, bar, exit_code: int) -> None:
         bar.close()
-        self.ckpts.close()
         self.tracker.finish(exit_code=exit_code)

@@ -23,10 +23,7 @@ from tmem.train.checkpoint import CheckpointError, Checkpoints
 
 @dataclasses.dataclass(frozen=True)
 class History:
-    """A run's saved checkpoints, read one model at a time (formation over training).
-
-    `close()` releases the checkpoint folder once the run's readers are done.
-    """
+    """A run's saved checkpoints, read one model at a time (formation over training)."""
 
     cfg: Any  # tmem.config.Config of the run
     checkpoints: Checkpoints
@@ -43,9 +40,6 @@ class History:
         """The held-out metrics the training loop saved with that checkpoint (e.g. `eval/loss`)."""
         return self.checkpoints.metrics(step)
 
-    def close(self) -> None:
-        self.checkpoints.close()
-
 
 class Run(NamedTuple):
     """A restored run: its config, the model at `step`, and its whole history."""
@@ -58,6 +52,18 @@ class Run(NamedTuple):
 
 def load_run(run_dir: str | Path, step: int | None = None) -> Run:
     """The training run in `run_dir` at `step` (default the last), rebuilt from its own saved config."""
+    cfg, ckpts = saved_run(run_dir)
+    history = History(cfg, ckpts)
+    (step, model), = history.models([ckpts.latest_step() if step is None else step])
+    return Run(cfg, model, step, history)
+
+
+def saved_run(run_dir: str | Path, step: int | None = None) -> tuple[Any, Checkpoints]:
+    """A run directory's validated config and its checkpoints, read without restoring a model.
+
+    CheckpointError in one line for a directory that holds no run, no
+    checkpoint, no `step` (when given) or a config that no longer validates.
+    """
     run_dir = Path(run_dir).absolute()
     if not run_dir.is_dir():
         raise CheckpointError(f"run={run_dir}: no such directory")
@@ -71,13 +77,12 @@ def load_run(run_dir: str | Path, step: int | None = None) -> Run:
         resolved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
     if resolved is None:
         raise CheckpointError(f"run={run_dir}: the checkpoint carries no config and .hydra/config.yaml is missing")
+    if step is not None and step not in ckpts.steps():
+        raise CheckpointError(f"no checkpoint at step {step} in {ckpts.directory}; have steps {ckpts.steps()}")
     try:
-        cfg = validate(OmegaConf.create(resolved))
+        return validate(OmegaConf.create(resolved)), ckpts
     except ConfigError as e:
         raise CheckpointError(f"run={run_dir}: its saved config no longer validates: {e}") from None
-    history = History(cfg, ckpts)
-    (step, model), = history.models([ckpts.latest_step() if step is None else step])
-    return Run(cfg, model, step, history)
 
 
 def checkpoint_models(cfg, ckpts: Checkpoints, steps=None) -> Iterator[tuple[int, nnx.Module]]:

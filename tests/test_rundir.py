@@ -1,0 +1,204 @@
+"""Run directories: every bad command is one line before anything is written, and a run is claimed once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, TINY, compose_config, run_entry
+from tmem.config import ConfigError
+from tmem.train import rundir
+from tmem.train.checkpoint import FINISHED
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def finished_run(tmp_path) -> Path:
+    """The record of a finished TINY run: Hydra's config, a summary, a checkpoint step carrying the config."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    cfg = compose_config(TINY)
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run / "summary.json").write_text('{"status": "completed", "steps": 20}\n')
+    (run / rundir.CLAIM).write_text('{"pid": 1}\n')
+    step = run / "checkpoints" / "20"
+    step.mkdir(parents=True)
+    (step / FINISHED).write_text(json.dumps({"custom_metadata": {"config": OmegaConf.to_container(cfg, resolve=True)}}))
+    return run
+
+
+# Each command must stop with one ConfigError line naming the problem and its fix, before Hydra writes anything.
+# {run} is a finished run, {file} a plain file, {sweep} a sweep folder holding a job.
+BAD = [
+    # counts, probabilities, betas and sizes
+    (["task.num_kv_pairs=0"], "task.num_kv_pairs must be at least 1"),
+    (["task.heldout_size=0"], "task.heldout_size must be at least 1"),
+    (["task.num_passes=0"], "task.num_passes must be at least 1"),
+    (["task.vocab=abc"], "task.vocab"),
+    (["task.seq_len=6"], "task.num_kv_pairs too large"),
+    (["task.num_kv_pairs=40"], "task.num_kv_pairs"),
+    (["optim.warmup_steps=-10"], "optim.warmup_steps=-10 must be zero or more"),
+    (["optim.b1=1.5"], "optim.b1=1.5 must be in [0, 1)"),
+    (["optim.b2=1.0"], "optim.b2=1.0 must be in [0, 1)"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1 must be zero or more"),
+    (["optim.lr=0"], "optim.lr=0.0 must be positive"),
+    (["optim.lr=-1e-3"], "optim.lr=-0.001 must be positive"),
+    (["optim.eps=0"], "optim.eps=0.0 must be positive"),
+    (["optim.clip_norm=0"], "optim.clip_norm=0.0 must be positive"),
+    (["optim.final_lr_ratio=-1"], "optim.final_lr_ratio=-1.0 must be zero or more"),
+    (["optim.schedule=step"], "optim.schedule='step' is not one of"),
+    (["train.steps=0"], "train.steps=0 must be positive"),
+    (["train.batch_size=0"], "train.batch_size=0 must be positive"),
+    (["train.microbatch=3"], "train.microbatch=3 must divide train.batch_size=16"),
+    (["train.eval_every=0"], "train.eval_every=0 must be positive"),
+    (["train.log_every=-1"], "train.log_every=-1 must be positive"),
+    (["train.checkpoint_every=0"], "train.checkpoint_every=0 must be positive"),
+    (["train.keep_checkpoints=0"], "train.keep_checkpoints=0 must be positive"),
+    (["train.diverge_factor=0"], "train.diverge_factor=0.0 must be positive"),
+    (["train.diverge_patience=0"], "train.diverge_patience=0 must be positive"),
+    (["model.width=0"], "model.width=0 must be positive"),
+    (["model.depth=0"], "model.depth=0 must be positive"),
+    (["model.width=15"], "mixer.heads=2 must divide model.width=15"),
+    (["mixer.heads=0"], "mixer.heads=0"),
+    (["mlp=relu", "mlp.expansion=0"], "mlp.expansion=0.0 must be positive"),
+    (["logger.mode=maybe"], "logger.mode='maybe' is not one of"),
+    # choices, fields and groups
+    (["model.positions=sideways"], "model.positions='sideways' is not one of"),
+    (["model.norm=batch"], "model.norm='batch' is not one of"),
+    (["mixer=linear", "mixer.decay=sometimes"], "mixer.decay='sometimes' is not one of"),
+    (["mixer=linear", "mixer.chunk=0"], "mixer.chunk=0"),
+    (["mlp=nope"], "mlp=nope: no such option; allowed:"),
+    (["mixer=nope"], "mixer=nope: no such option; allowed:"),
+    (["task=nope"], "task=nope: no such option; allowed:"),
+    (["+train.nonsense=1"], "train.nonsense: unknown field; allowed:"),
+    (["train.nonsense=1"], "Could not override 'train.nonsense'"),
+    (["model.width=[1,2"], "model.width=[1,2: no viable alternative at input '[1,2' (see the override grammar"),
+    # task and model that do not fit together
+    (["mixer=linear", "model.positions=rope"], "model.positions=rope: mixer 'linear' does not apply RoPE"),
+    (["mixer=linear", "model.positions=shortformer"], "model.positions=shortformer: mixer 'linear' has no query"),
+    (["task=linreg"], "Could not override 'task.vocab'. To append to your config use +task.vocab=32"),
+    # output directories
+    (["hydra.run.dir={file}"], "hydra.run.dir={file} is a file, not a directory"),
+    (["-m", "hydra.sweep.dir={file}"], "hydra.sweep.dir={file} is a file, not a directory"),
+    (["-m", "hydra.sweep.dir={sweep}"], "hydra.sweep.dir={sweep} already holds a sweep"),
+    (["hydra.run.dir={run}"], "hydra.run.dir={run} already holds a run: continue it with train.resume=true"),
+    (["hydra.run.dir={run}", "train.seed=1"], "already holds a run"),
+    (["hydra.run.dir={run}", "optim.b1=1.5"], "optim.b1=1.5 must be in [0, 1)"),
+    # resumes that would make the run describe two runs
+    (["hydra.run.dir={run}", "train.resume=true", "model.width=32"], "changes model.width (16 -> 32)"),
+    (["hydra.run.dir={run}", "train.resume=true", "train.seed=1"], "changes train.seed (0 -> 1)"),
+    (["hydra.run.dir={run}", "train.resume=true", "mixer=linear"], "changes mixer."),
+    (["hydra.run.dir={run}", "train.resume=true", "task.vocab=64"], "changes task.vocab (32 -> 64)"),
+    (["hydra.run.dir={run}", "train.resume=true", "optim.lr=0.5"], "changes optim.lr"),
+    (["hydra.run.dir={run}", "train.resume=true", "train.batch_size=32"], "changes train.batch_size (16 -> 32)"),
+    (["hydra.run.dir={run}", "train.resume=true", "optim.b1=1.5"], "optim.b1=1.5 must be in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_bad_command_is_one_line_and_changes_nothing(args, message, finished_run, tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    fill = lambda s: s.format(run=finished_run, file=a_file, sweep=sweep)  # noqa: E731
+    before = snapshot(tmp_path)
+    base = [*TINY] if any(a.startswith("hydra.run.dir=") for a in args) else [*TINY, f"hydra.run.dir={tmp_path}/new"]
+    with pytest.raises(ConfigError) as raised:
+        rundir.prepare(base + [fill(a) for a in args])
+    line = str(raised.value)
+    assert fill(message) in line and "\n" not in line
+    assert snapshot(tmp_path) == before and not (tmp_path / "new").exists()
+
+
+# eval.py's requests, checked before Hydra writes the run's eval folder. {run} is the finished run, {empty} a
+# directory holding nothing.
+BAD_EVAL = [
+    (["run={tmp}/nothing", "probes=[mqar_distance]"], "run={tmp}/nothing: no such directory"),
+    (["run={empty}", "probes=[mqar_distance]"], "has no checkpoints/ folder: point run= at a training run directory"),
+    (["run={run}", "probes=[nope]"], "probes: unknown probe 'nope'; allowed: "),
+    (["run={run}"], "probes: name at least one; allowed: "),
+    (["probes=[mqar_distance]"], "probe 'mqar_distance' needs a trained model: pass run=<run dir>"),
+    (["run={run}", "step=7", "probes=[mqar_distance]"], "no checkpoint at step 7 in {run}/checkpoints; have steps [20]"),
+    (["run={run}", "probes=[gd_match]"], "probe 'gd_match' does not apply to this run"),
+    (["run={run}", "probes=[mqar_distance"], "probes=[mqar_distance: no viable alternative"),
+    (["run={run}", "probes=[mqar_distance]", "+options.mqar_distance.x=1", "nothing=1"], "Could not override 'nothing'"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_EVAL, ids=[" ".join(a) for a, _ in BAD_EVAL])
+def test_a_bad_eval_request_is_one_line_and_writes_nothing(args, message, finished_run, tmp_path):
+    import importlib
+
+    from tmem.train.checkpoint import CheckpointError
+
+    (tmp_path / "empty").mkdir()
+    fill = lambda s: s.format(run=finished_run, tmp=tmp_path, empty=tmp_path / "empty")  # noqa: E731
+    before = snapshot(tmp_path)
+    with pytest.raises((ConfigError, CheckpointError)) as raised:
+        importlib.import_module("eval").check_command([fill(a) for a in args])
+    line = str(raised.value)
+    assert fill(message) in line and "\n" not in line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_resume_may_change_the_budget_cadence_and_logging(finished_run):
+    args = rundir.prepare([*TINY, f"hydra.run.dir={finished_run}", "train.resume=true", "train.steps=40",
+                           "train.eval_every=5", "train.checkpoint_every=5", "logger.mode=offline",
+                           "train.keep_checkpoints=null"])
+    assert args[-2:] == [f"hydra.run.dir={finished_run}", "hydra.output_subdir=null"]  # .hydra stays as it started
+
+
+def test_a_run_directory_is_claimed_once(tmp_path):
+    run = tmp_path / "run"
+    args = rundir.prepare([*TINY, f"hydra.run.dir={run}"])
+    assert args[-1] == f"hydra.run.dir={run}" and json.loads((run / rundir.CLAIM).read_text())["pid"] == os.getpid()
+    with pytest.raises(ConfigError, match="already holds a run"):  # a second command, even before any file is written
+        rundir.prepare([*TINY, f"hydra.run.dir={run}"])
+    with pytest.raises(ConfigError, match="is being trained by another process"):  # a resume while it trains
+        rundir.lock(run)
+
+
+def test_two_commands_in_one_second_get_two_default_directories(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pinned = lambda: rundir.prepare([*TINY, "hydra.run.dir=outputs/same"])[-1]  # noqa: E731
+    first = rundir.prepare(TINY)[-1]
+    second = rundir.prepare(TINY)[-1]
+    assert first != second and first.startswith("hydra.run.dir=outputs/")
+    assert pinned() == "hydra.run.dir=outputs/same"
+    with pytest.raises(ConfigError, match="already holds a run"):  # a directory the user names is never renamed
+        pinned()
+
+
+def test_a_sweep_gets_a_fresh_directory_and_its_jobs_never_share_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = rundir.prepare(["-m", *TINY, "model.width=16,32"])
+    second = rundir.prepare(["-m", *TINY, "model.width=16,32"])
+    assert first[-1] != second[-1] and first[-1].startswith("hydra.sweep.dir=multirun/")
+
+
+def test_the_entry_point_refuses_before_hydra_writes(finished_run):
+    before = snapshot(finished_run)
+    done = run_entry("train.py", *TINY, f"hydra.run.dir={finished_run}", "train.resume=true", "model.width=32",
+                     timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("config error: train.resume: this command changes model.width")
+    assert snapshot(finished_run) == before
+
+
+def test_a_claim_is_exclusive_across_processes(tmp_path):
+    """Two processes claim one directory at once: exactly one wins."""
+    code = ("import sys; sys.path.insert(0, {root!r}); from tmem.train import rundir; from tmem.config import "
+            "ConfigError\ntry:\n    rundir.claim(__import__('pathlib').Path({run!r})); print('won')\n"
+            "except ConfigError: print('lost')").format(root=str(ROOT), run=str(tmp_path / "run"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    assert sorted(p.communicate(timeout=120)[0].strip() for p in procs) == ["lost", "won"]

@@ -1,0 +1,176 @@
+"""The run directory: claimed once, before anything is written in it, and continued only by a resume of the same run.
+
+Hydra creates the output directory, writes `.hydra/` and opens `train.log`
+before `train.py`'s function runs, so the checks that decide whether a command
+may write there run first, in `prepare`, on the command line: it composes and
+validates the config, claims the directory with an exclusive-create marker
+(`.tmem-run`, locked for as long as the process trains), and hands Hydra back
+the command line with that directory pinned. A resume is checked against the
+config the run saved, and Hydra writes no new `.hydra/` record for it, so the
+record keeps describing how the run started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+
+from tmem.config import CONFIG_DIR, ConfigError, check_group_overrides, compose_command, overrides_of, validate
+
+CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
+RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
+# What a resume may change: how long and how often, and where it is tracked. Everything else (task, model, mixer,
+# MLP, optimizer, seed, batch) is the run itself; changing it is a new run.
+RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_every", "train.checkpoint_every",
+             "train.keep_checkpoints", "train.target", "train.early_stop", "train.resume", "train.diverge_factor",
+             "train.diverge_patience", "logger.", "name")
+# Hydra's flags that print something and run nothing
+INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
+           "--shell-completion"}
+_held: list[int] = []  # file descriptors of the claims this process holds locked (closed when it exits)
+
+
+def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
+    """A train.py command line checked, its output directory claimed, and that directory pinned in it.
+
+    Raises ConfigError with one line when the command must not run: a bad
+    config, an output directory that is a file or already holds a run (unless
+    the command resumes it), or a resume that changes more than RESUMABLE.
+    """
+    if INSPECT & set(args):
+        return args  # Hydra prints and exits; no run starts
+    problem = check_group_overrides(args, config_dir)
+    if problem:
+        raise ConfigError(problem)
+    given = {key: str(values[-1]) for key, values in overrides_of(args)
+             if key in ("hydra.run.dir", "hydra.sweep.dir") and values}
+    for key, value in given.items():
+        if Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(f"{key}={value} is a file, not a directory: choose another {key}")
+    resume = any(key == "train.resume" and values == [True] for key, values in overrides_of(args))
+    extra = ["hydra.output_subdir=null"] if resume else []  # a resume leaves the run's .hydra record as it started
+    if {"-m", "--multirun"} & set(args):
+        sweep_dir = Path(compose_command(args, config_dir=config_dir, sweeps=False).hydra.sweep.dir)
+        if "hydra.sweep.dir" in given:
+            if not resume and sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+                raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds a sweep: continue its jobs with "
+                                  "train.resume=true, or choose another hydra.sweep.dir")
+        else:
+            sweep_dir = _first_free(sweep_dir, lambda d: d.mkdir(parents=True))
+        return _pinned(args, "hydra.sweep.dir", sweep_dir) + extra
+    composed = compose_command(args, config_dir=config_dir)
+    run_dir = Path(composed.hydra.run.dir)
+    with open_dict(composed):
+        del composed["hydra"]  # what train.py's function receives; Hydra's own section needs a running job
+    validate(composed)
+    resolved = OmegaConf.to_container(composed, resolve=True)
+    if resume and holds_run(run_dir):
+        check_resume(run_dir, resolved)
+        lock(run_dir)
+        return _pinned(args, "hydra.run.dir", run_dir) + extra
+    if "hydra.run.dir" in given:
+        claim(run_dir)
+    else:  # the default, a timestamp: two runs started in one second take the next free name
+        run_dir = _first_free(run_dir, claim)
+    return _pinned(args, "hydra.run.dir", run_dir) + extra
+
+
+def holds_run(run_dir: Path) -> bool:
+    return any((Path(run_dir) / f).exists() for f in RUN_FILES)
+
+
+def claim(run_dir: Path, *, hydra_wrote: bool = False) -> None:
+    """Make `run_dir` this process's run: one exclusive create, so of two racing commands one wins.
+
+    `hydra_wrote`: a sweep's job, whose `.hydra/` Hydra writes before the job
+    can claim it (in a sweep directory `prepare` claimed fresh).
+    """
+    run_dir = Path(run_dir)
+    refused = ConfigError(f"hydra.run.dir={run_dir} already holds a run: continue it with train.resume=true, "
+                          "or choose another hydra.run.dir")
+    if not hydra_wrote and holds_run(run_dir):
+        raise refused
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        raise refused from None
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file yet: this cannot block
+    claimed = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.write(fd, (json.dumps(claimed) + "\n").encode())
+    _held.append(fd)
+
+
+def lock(run_dir: Path) -> None:
+    """Hold an existing run for this process (a resume): refused while another process trains it."""
+    fd = os.open(Path(run_dir) / CLAIM, os.O_CREAT | os.O_RDWR)  # a run made before claims existed gets one
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"hydra.run.dir={run_dir} is being trained by another process ({run_dir / CLAIM} says "
+                          "which): wait for it to finish, then resume") from None
+    _held.append(fd)
+
+
+def saved_config(run_dir: Path) -> dict | None:
+    """The resolved config a run saved: with its newest readable checkpoint, else Hydra's record of its start."""
+    from tmem.train.checkpoint import Checkpoints  # orbax loads slowly; only a resume needs it
+
+    saved = Checkpoints(Path(run_dir) / "checkpoints").config()
+    record = Path(run_dir) / ".hydra" / "config.yaml"
+    if saved is None and record.is_file():
+        saved = OmegaConf.to_container(OmegaConf.load(record), resolve=True)
+    return saved
+
+
+def check_resume(run_dir: Path, resolved: dict) -> None:
+    """ConfigError unless `resolved` is the saved run's config with only RESUMABLE fields changed."""
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise ConfigError(f"hydra.run.dir={run_dir} holds no config to resume from (no readable checkpoint and no "
+                          ".hydra/config.yaml): choose another hydra.run.dir for a new run")
+    old, new = _flat(saved), _flat(resolved)
+    changed = [k for k in sorted(old.keys() | new.keys())
+               if old.get(k) != new.get(k) and not any(k == f or (f.endswith(".") and k.startswith(f))
+                                                       for f in RESUMABLE)]
+    if changed:
+        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ConfigError(f"train.resume: this command changes {shown}{more} from the run in {run_dir}; a resume "
+                          "may change only the step budget, logging, evaluation, checkpoint cadence and target "
+                          "(README: Run directories): drop those overrides, or start a new run in another "
+                          "hydra.run.dir")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def _first_free(path: Path, take) -> Path:
+    """`path`, or `path-1`, `path-2`, ...: the first that `take` (which raises when taken) accepts."""
+    for n in range(1000):
+        candidate = path if n == 0 else path.with_name(f"{path.name}-{n}")
+        try:
+            take(candidate)
+            return candidate
+        except (FileExistsError, ConfigError):
+            continue
+    raise ConfigError(f"no free directory beside {path}: choose hydra.run.dir or hydra.sweep.dir")
+
+
+def _pinned(args: list[str], key: str, value: Path) -> list[str]:
+    """The command line with `key` set to `value` once: Hydra's own timestamp would differ by the time it runs."""
+    return [a for a in args if not a.lstrip("+").startswith(f"{key}=")] + [f"{key}={value}"]
