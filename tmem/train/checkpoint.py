@@ -128,7 +128,7 @@ class Checkpoints:
             except Damaged as e:
                 aside = self._move_aside(step)
                 log.warning(f"resume: {e}; moved it to {aside.name} and trying the step before it")
-        if any(p.name.endswith(".damaged") for p in self.directory.glob("*")):
+        if any(".damaged" in p.name for p in self.directory.glob("*")):
             raise CheckpointError(f"no intact checkpoint in {self.directory}: every step was damaged (moved "
                                   "aside as <step>.damaged); start a new run in another hydra.run.dir")
         return None
