@@ -4,7 +4,10 @@
 before the mixers and models moved onto one interface; test_golden.py holds
 today's code to it, so a refactor that changes any row's math or initialisation
 shows up as a failing case. Re-record only for a change meant to alter the math,
-and say so in the commit.
+and say so in the commit. Changes since: `record_cases` added the hopfield row's
+cases when the row was added, and re-recorded tokens-mamba2 and vectors-mamba2
+when the row's default became Mamba-2's reference layer; the mamba2-before cases
+hold the layer before to the original recording (copied, not re-measured).
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ MIXERS = sorted(p.stem for p in (HERE.parent / "configs" / "mixer").glob("*.yaml
 VECTOR = [*TINY_LINREG, "model.read_in=learned", "model.width=16", "model.depth=2"]
 
 
+# per-head B and C, no convolution bias, a per-head norm with the gate after it
+MAMBA2_BEFORE = ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
+                 "mixer.gate_before_norm=false"]
+
+
 def _with_heads(base, mixer):
     """Two heads, or none for the mixer without heads (whose key the icl_gd experiment would still set)."""
     heads = ["~mixer.heads"] if mixer == "none" and "experiment=icl_gd" in base else []
@@ -44,12 +52,15 @@ def cases() -> dict[str, list[str]]:
         "rope": ["model.positions=rope"],
         "learned": ["model.positions=learned"],
         "no-positions": ["model.positions=none", "mlp=swiglu"],
-        "rmsnorm-gelu": ["model.norm=rmsnorm", "mlp=gelu", "mixer.qk_norm=true"],
+        "rmsnorm-gelu": ["model.norm=rmsnorm", "mlp=gelu", "mixer.qk_norm=rms"],
         "tied-embeddings": ["model.tie_embeddings=true", "mlp=relu2"],
         "fixed-embeddings": ["model.train_embeddings=false", "mlp=linear", "mlp.bias=true"],
     }.items():
         out[f"tokens-softmax-{name}"] = [*tokens, "mixer.heads=2", *extra]
     out["tokens-gla-mlp"] = [*_with_heads(tokens, "gla"), "mlp=relu", "model.depth=3"]
+    # Mamba-2 before its reference layer became the row's default: the recording's own layer, kept as a setting
+    for kind in ("tokens", "vectors"):
+        out[f"{kind}-mamba2-before"] = [*out[f"{kind}-mamba2"], *MAMBA2_BEFORE]
     out["vectors-lsa-identity"] = list(TINY_LINREG)
     out["vectors-lsa-tied"] = [*TINY_LINREG, "model.depth=3", "model.tie_blocks=true", "mixer.init_scale=0.1"]
     out["vectors-softmax-garg"] = [*_with_heads(VECTOR, "softmax"), "task.format=garg", "task.score=every",
@@ -106,5 +117,23 @@ def record(path: Path = GOLDEN) -> None:
     print(f"wrote {len(arrays)} arrays to {path}")
 
 
+def record_cases(names: list[str], path: Path = GOLDEN, copies: dict[str, str] | None = None) -> None:
+    """Re-record only the named cases (and copy a recorded case's arrays to a new name, copies: new -> old),
+    leaving every other case's arrays as they were, bit for bit."""
+    recorded = dict(np.load(path))
+    for new, old in (copies or {}).items():
+        recorded.update({f"{new}|{k.split('|', 1)[1]}": v for k, v in recorded.items() if k.startswith(f"{old}|")})
+    for case in names:
+        recorded = {k: v for k, v in recorded.items() if not k.startswith(f"{case}|")}
+        recorded.update({f"{case}|{key}": value for key, value in measure(cases()[case]).items()})
+        print(case, float(recorded[f"{case}|loss"]))
+    np.savez_compressed(path, **recorded)
+    print(f"wrote {len(recorded)} arrays to {path}")
+
+
 if __name__ == "__main__":
-    record()
+    # python tests/golden.py: every case afresh; python tests/golden.py CASE ...: only those
+    if sys.argv[1:]:
+        record_cases(sys.argv[1:])
+    else:
+        record()

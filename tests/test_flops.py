@@ -65,6 +65,37 @@ def test_the_count_of_a_loop_free_step_matches_xla(row):
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{row}: analytic {analytic:.4g}, XLA {xla:.4g}"
 
 
+# the options of mixer=softmax and post-norm, each alone (slow), and together in the quick subset
+SOFTMAX_OPTIONS = ["mixer.kv_heads=1", "mixer.window=16", "mixer.sinks=true", "mixer.output_gate=true",
+                   "mixer.length_scale=logn", "mixer.length_scale=ssmax", "mixer.qk_norm=rms", "mixer.qk_norm=l2",
+                   "model.norm_position=post"]
+TOGETHER = ("mixer.kv_heads=2", "mixer.window=16", "mixer.sinks=true", "mixer.output_gate=true",
+            "mixer.gate_activation=silu", "mixer.length_scale=ssmax", "model.norm_position=post", "mlp=relu")
+
+
+@pytest.mark.parametrize("options", [TOGETHER, *(pytest.param((o,), marks=pytest.mark.slow) for o in SOFTMAX_OPTIONS)])
+def test_the_count_of_the_softmax_options_matches_xla(options):
+    overrides = (*loop_free("softmax"), *options)
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{options}: analytic {analytic:.4g}, XLA {xla:.4g}"
+
+
+# the hopfield row's unrolled updates and learned beta; Mamba-2's layer before its reference (per-head B and C, no
+# conv bias, per-head norm, gate after it) and a grouping between the two
+ROW_OPTIONS = [("hopfield", "mixer.iterations=3", "mixer.learn_temperature=true"),
+               ("mamba2", "mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
+                "mixer.gate_before_norm=false"),
+               ("mamba2", "mixer.qk_groups=2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", ROW_OPTIONS, ids=lambda o: " ".join(o))
+def test_the_count_of_the_hopfield_and_mamba2_options_matches_xla(options):
+    overrides = (*loop_free(options[0]), *options[1:])
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{options}: analytic {analytic:.4g}, XLA {xla:.4g}"
+
+
 def test_xla_counts_the_microbatch_loop_once():
     """The default job differentiates its 64 examples in a lax.map over 2 slices of 32: XLA counts one slice."""
     cfg = config()

@@ -12,10 +12,14 @@ from tmem.mixers.base import at_positions
 
 
 class Block(nnx.Module):
-    """x += mixer(norm x); x += mlp(norm x). The mixer is the fast memory, the MLP the slow one."""
+    """x += mixer(norm x); x += mlp(norm x), or with post-norm x = norm(x + mixer(x)); x = norm(x + mlp(x)).
+
+    The mixer is the fast memory, the MLP the slow one.
+    """
 
     def __init__(self, width: int, *, norm: str, mixer: MixerConfig, mlp: MLPConfig, positions: str,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, post_norm: bool = False):
+        self.post_norm = post_norm
         self.mixer_norm = make_norm(norm, width, rngs)
         self.mixer = MIXERS[mixer.name].layer(mixer, width, rope=positions == "rope", rngs=rngs)
         if mlp.name != "none":
@@ -26,12 +30,25 @@ class Block(nnx.Module):
 
     def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None, qk_positions=None):
         """With read_at [B, Q], the block's output only at those positions (the mixer reads only there)."""
+        if self.post_norm:
+            y, state = self.mixer(x_btd, state=state, head_mask=head_mask, read_at=read_at,
+                                  qk_positions=qk_positions)
+            x_btd = self.mixer_norm(at_positions(x_btd, read_at) + y)
+            if self.mlp is not None:
+                x_btd = self.mlp_norm(x_btd + self.mlp(x_btd))
+            return x_btd, state
         y, state = self.mixer(self.mixer_norm(x_btd), state=state, head_mask=head_mask, read_at=read_at,
                               qk_positions=qk_positions)
         x_btd = at_positions(x_btd, read_at) + y
         if self.mlp is not None:
             x_btd = x_btd + self.mlp(self.mlp_norm(x_btd))
         return x_btd, state
+
+
+def final_norm(model: ModelConfig, rngs: nnx.Rngs):
+    """The norm before a head. Post-norm has none: every block already ends in a norm, and a second one
+    straight after it would only renormalise what is normalised (the original Transformer has none either)."""
+    return make_norm("none" if model.norm_position == "post" else model.norm, model.width, rngs)
 
 
 class Backbone(nnx.Module):
@@ -48,7 +65,8 @@ class Backbone(nnx.Module):
         self.depth, self.positions = model.depth, model.positions  # positions: resolved by validation, never auto
         self.pos_embed = (nnx.Param(nnx.initializers.normal(model.pos_std)(rngs.params(), (max_len, model.width)))
                           if self.positions in ("learned", "shortformer") else None)
-        parts = dict(norm=model.norm, mixer=mixer, mlp=mlp, positions=self.positions)
+        parts = dict(norm=model.norm, mixer=mixer, mlp=mlp, positions=self.positions,
+                     post_norm=model.norm_position == "post")
         self.blocks = nnx.List([Block(model.width, **parts, rngs=rngs)
                                 for _ in range(1 if model.tie_blocks else model.depth)])
 

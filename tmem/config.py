@@ -65,6 +65,9 @@ class ModelConfig:
     # learned (added to the residual stream), none, shortformer (learned, added only to every mixer's q and k inputs)
     positions: str = "auto"
     norm: str = "layernorm"
+    # pre: x += mixer(norm x), x += mlp(norm x); post (the original Transformer's): x = norm(x + mixer(x)),
+    # x = norm(x + mlp(x)), and no final norm before the head (the last block's output is already normed)
+    norm_position: str = "pre"
     tie_embeddings: bool = False  # untied: recall forms several times faster than with a tied unembedding
     embed_std: float = 1.0  # init scale of the token embedding
     train_embeddings: bool = True  # false: embedding and unembedding keep their random init (fixed codes)
@@ -80,6 +83,7 @@ class ModelConfig:
         _positive(**{"model.width": self.width, "model.depth": self.depth})
         _choice("model.positions", self.positions, ("auto", "rope", "learned", "none", "shortformer"))
         _choice("model.norm", self.norm, NORMS)
+        _choice("model.norm_position", self.norm_position, ("pre", "post"))
         _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
 
 

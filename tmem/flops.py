@@ -46,6 +46,7 @@ from tasks.memorize import Memorize
 from tmem.memory.flops import chunked, elementwise, matmul
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
+from tmem.mixers.hopfield import HopfieldConfig
 from tmem.mixers.lsa import LSAConfig
 from tmem.mixers.none import NoneConfig
 from tmem.model import build_model
@@ -59,6 +60,7 @@ LOG_SIGMOID = (8, 9)
 GELU = (8, 15)
 SOFTMAX = (4, 6)
 L2_NORMALIZE = (3, 5)  # fast_weight._l2_normalize and its written-out backward
+L2_UNIT = (3, 8)  # attention._unit, differentiated by XLA
 SCORE_FUNCTIONS = {"linear": (0, 0), "relu": (1, 2), "relu2": (2, 5), "gelu": GELU, "swiglu": SILU}
 FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
 # norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
@@ -128,7 +130,7 @@ def loss_logits(task) -> int:
 def token_head(m, B: int, T: int, Q: int, V: int) -> int:
     """The embedding (its backward a scatter-add into the table), the final norm and the unembedding."""
     flops = B * T * m.width if m.train_embeddings else 0
-    flops += norm(m.norm, B * Q * m.width)
+    flops += norm(final_norm(m), B * Q * m.width)
     flops += matmul(B * Q, m.width, V, grads=2 if m.train_embeddings else 1)
     if m.tie_embeddings and m.train_embeddings:
         flops += V * m.width  # the two gradients of the one table added
@@ -140,21 +142,30 @@ def vector_head(m, B: int, T: int, Q: int, token_dim: int) -> int:
     if m.read_in == "identity":
         return 2 * B * Q  # minus the last coordinate, and its gradient
     read_in = matmul(B * T, token_dim, m.width, grads=1) + 2 * B * T * m.width
-    read_out = norm(m.norm, B * Q * m.width) + matmul(B * Q, m.width, 1) + 2 * B * Q
+    read_out = norm(final_norm(m), B * Q * m.width) + matmul(B * Q, m.width, 1) + 2 * B * Q
     return read_in + read_out
 
 
+def final_norm(m) -> str:
+    """The norm before the head: post-norm has none (tmem.backbone.final_norm)."""
+    return "none" if m.norm_position == "post" else m.norm
+
+
 def block(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
-    """x += mixer(norm x); x += mlp(norm x), with the mixer reading at Q positions per example (None: all)."""
+    """x += mixer(norm x); x += mlp(norm x) (post-norm: x = norm(x + mixer(x)); x = norm(x + mlp(x))), with the
+    mixer reading at Q positions per example (None: all)."""
     D, R = cfg.model.width, B * (Q or T)  # R: rows out of the block
+    post = cfg.model.norm_position == "post"
     parts = Counter()
     if not isinstance(cfg.mixer, NoneConfig):  # no mixer adds zeros, and XLA drops its norm and the add
         if type(cfg.mixer) not in MIXER_FLOPS:
             # every row in tmem.mixers has a count (tests/test_flops.py); a new row must add its own
             raise ValueError(f"mixer {cfg.mixer.name!r} has no FLOP count: add one to tmem.flops.MIXER_FLOPS")
-        parts["norms"] += norm(cfg.model.norm, B * T * D, input_grad)
-        # the mixer's input needs a gradient when x does, or when the norm before it has a scale and bias
-        mixer_grad = input_grad or cfg.model.norm != "none"
+        # pre-norm: the norm of every token before the mixer; post-norm: of the rows out, after the add, whose
+        # input (the mixer's output) always needs a gradient
+        parts["norms"] += norm(cfg.model.norm, R * D) if post else norm(cfg.model.norm, B * T * D, input_grad)
+        # the mixer's input needs a gradient when x does, or when a norm before it has a scale and bias
+        mixer_grad = input_grad or (cfg.model.norm != "none" and not post)
         parts.update(MIXER_FLOPS[type(cfg.mixer)](cfg, B, T, Q, mixer_grad, once))
         # the residual add; backward, the two gradients of x added (and, reading at Q positions, scattered back)
         parts["residual"] += R * D + (B * T * D + (R * D if Q else 0) if input_grad else 0)
@@ -177,26 +188,64 @@ def mlp(cfg, D: int, rows: int) -> int:
 
 
 def softmax_attention(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
-    """tmem.mixers.attention: q only at the read positions, k and v everywhere, softmax(beta q k^T) v."""
+    """tmem.mixers.attention: q only at the read positions, k and v everywhere (kv_heads of them),
+    softmax(beta q k^T) v, and the options: q/k norms, window, length scale, sinks, output gate."""
     c, D = cfg.mixer, cfg.model.width
     H, d, R = c.heads, D // c.heads, B * (Q or T)
+    E = c.kv_width(D)
     shortformer = cfg.model.positions == "shortformer"
     qk_grads = 2 if input_grad or shortformer else 1  # the positions' table trains through q's and k's input
     parts = Counter()
-    parts["mixer/projections"] += (matmul(B * T, D, D, qk_grads) + matmul(R, D, D, qk_grads)
-                                   + matmul(B * T, D, D, 2 if input_grad else 1) + matmul(R, D, D))
+    parts["mixer/projections"] += (matmul(B * T, D, E, qk_grads) + matmul(R, D, D, qk_grads)
+                                   + matmul(B * T, D, E, 2 if input_grad else 1) + matmul(R, D, D))
     if c.bias:
-        parts["mixer/projections"] += 2 * (2 * B * T * D + R * D)
+        parts["mixer/projections"] += 2 * (2 * B * T * E + R * D)
     if shortformer:  # x + positions into q and k; backward, the table's gradient summed over the batch
         parts["embed/unembed"] += 2 * B * T * D
-    if c.qk_norm:
-        parts["norms"] += norm("rmsnorm", (B * T + R) * D)
+    if c.qk_norm == "rms":
+        parts["norms"] += norm("rmsnorm", B * T * E + R * D)
+    elif c.qk_norm == "l2":
+        parts["norms"] += elementwise(B * T * E + R * D, L2_UNIT)
     if cfg.model.positions == "rope":
-        parts["mixer/memory"] += 6 * (B * T + R) * D  # x1 cos - x2 sin, x2 cos + x1 sin, and back
+        parts["mixer/memory"] += 6 * (B * T * E + R * D)  # x1 cos - x2 sin, x2 cos + x1 sin, and back
     scores = R * H * T
+    columns = T + c.sinks  # a sink is one more column in each softmax
     parts["mixer/memory"] += (matmul(R * H, d, T) + matmul(R * H, T, d)
-                              + elementwise(scores, SOFTMAX) + 4 * scores  # beta *, the causal where
-                              + (R * T if Q else 0))  # the mask at read positions is computed, not constant
+                              + elementwise(R * H * columns, SOFTMAX) + 4 * scores  # beta *, the causal where
+                              + (R * T * (3 if c.window else 1) if Q else 0))  # the mask at read positions
+    if c.sinks:
+        parts["mixer/memory"] += R * H  # the sinks' gradient summed over the rows
+    if c.length_scale == "logn":  # the logits times a factor per query, and the gradient through it
+        parts["mixer/memory"] += 2 * scores
+    elif c.length_scale == "ssmax":  # and the gradient of s: the product and the sum over the keys
+        parts["mixer/memory"] += 4 * scores
+    if c.output_gate:  # W_g x at the read positions, its activation, the product and its two gradients
+        activation = SILU if c.gate_activation == "silu" else SIGMOID
+        parts["mixer/projections"] += matmul(R, D, D, 2 if input_grad else 1)
+        parts["mixer/gates"] += elementwise(R * D, activation) + 3 * R * D
+    return parts
+
+
+def hopfield(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.hopfield: the cue only at the read positions, the patterns everywhere, and `iterations`
+    updates xi <- X^T softmax(beta X xi), each a softmax read unrolled (so no loop hides one from XLA)."""
+    c, D = cfg.mixer, cfg.model.width
+    H, d, R = c.heads, D // c.heads, B * (Q or T)
+    shortformer = cfg.model.positions == "shortformer"
+    grads = 2 if input_grad or shortformer else 1  # the positions' table trains through both inputs
+    parts = Counter()
+    parts["mixer/projections"] += matmul(B * T, D, D, grads) + matmul(R, D, D, grads) + matmul(R, D, D)
+    if c.bias:
+        parts["mixer/projections"] += 2 * (B * T * D + R * D)
+    if shortformer:  # x + positions into both maps; backward, the table's gradient summed over the batch
+        parts["embed/unembed"] += 2 * B * T * D
+    scores = R * H * T
+    update = matmul(R * H, d, T) + matmul(R * H, T, d) + elementwise(scores, SOFTMAX) + 4 * scores
+    if c.learn_temperature:  # beta's gradient: the product with the scores and the sum over them
+        update += 2 * scores
+    parts["mixer/memory"] += c.iterations * update + (R * T if Q else 0)
+    if c.iterations > 1:  # every later update's cue gradient adds to the X it read from
+        parts["mixer/memory"] += (c.iterations - 1) * R * H * d
     return parts
 
 
@@ -225,19 +274,24 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
         raise NotImplementedError("mixer.form=recurrent: a scan over tokens; only the chunked form is counted")
     if c.feature_map not in FEATURE_MAPS:
         raise NotImplementedError(f"mixer.feature_map={c.feature_map}: not counted (identity, elu, relu are)")
-    H = c.heads
+    H, G = c.heads, c.groups  # G: the heads' distinct q and k (Mamba-2's groups)
     d_key, d_phi, d_v = c.widths(D)
     N, R = B * T, B * (Q or T)
     parts = Counter()
     # q, k, v and every other map of x as one matmul over all tokens (the last layer's too: k and v need them)
-    columns = H * (2 * d_key + d_v) + H * d_v * c.output_gate + H * (c.write_strength == "sigmoid")
+    columns = 2 * G * d_key + H * d_v + H * d_v * c.output_gate + H * (c.write_strength == "sigmoid")
     columns += H * (c.decay == "scalar") + GLA_RANK * (c.decay == "vector")
     parts["mixer/projections"] += matmul(N, D, columns, 2 if input_grad else 1) + matmul(R, H * d_v, D)
     if c.short_conv:
-        parts["mixer/conv"] += short_conv(B, T, H * (2 * d_key + d_v), c.short_conv)
-    gates = elementwise(2 * N * H * d_key, FEATURE_MAPS[c.feature_map])
+        channels = 2 * G * d_key + H * d_v
+        parts["mixer/conv"] += short_conv(B, T, channels, c.short_conv) + 2 * N * channels * c.conv_bias
+    gates = elementwise(2 * N * G * d_key, FEATURE_MAPS[c.feature_map])
     if c.qk_norm == "l2":
-        gates += elementwise(2 * N * H * d_phi, L2_NORMALIZE)
+        gates += elementwise(2 * N * G * d_phi, L2_NORMALIZE)
+    elif c.qk_norm == "rms":
+        parts["norms"] += norm("rmsnorm", 2 * N * G * d_phi)
+    if G != H:  # backward of sharing: each group's gradient summed over its heads
+        gates += 2 * N * (H - G) * d_phi
     if c.q_scale != 1.0:  # XLA drops a multiplication by one
         gates += 2 * N * H * d_phi
     if c.decay == "scalar":  # dt = softplus(W x + dt_bias), log a = -exp(A_log) dt: adds, products, gradients
@@ -246,7 +300,7 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
         gates += matmul(N, GLA_RANK, H * d_phi) + elementwise(N * H * d_phi, LOG_SIGMOID) + 4 * N * H * d_phi
     if c.write_strength == "sigmoid":
         gates += elementwise(N * H, SIGMOID)
-    # the read's output: normaliser, Mamba-2's skip, the per-head RMSNorm and the gate, at the read positions
+    # the read's output: normaliser, Mamba-2's skip, the RMSNorm and the gate (either order), at the read positions
     if c.normalize:
         gates += 4 * R * H * (d_v + 1)
     if c.skip:
@@ -273,7 +327,8 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
     return forward + backward + elementwise(B * T * C, SILU)
 
 
-MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight}
+MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight,
+               HopfieldConfig: hopfield}
 
 
 def optimizer(cfg) -> int:

@@ -131,7 +131,7 @@ def short_conv(x_btc: jax.Array, kernel: jax.Array, tail: jax.Array | None = Non
     else:
         padded = jnp.concatenate([tail.astype(x_btc.dtype), x_btc], axis=1)
     y = causal_conv(padded, kernel)
-    if bias is not None:
-        y = y + bias[None, None]
+    if bias is not None:  # kept whole: left to fuse, XLA copies the add and the SiLU after it into every consumer
+        y = jax.lax.optimization_barrier(y + bias[None, None])
     return y, padded[:, T:]
 

@@ -6,9 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tmem.backbone import Backbone
+from tmem.backbone import Backbone, final_norm
 from tmem.config import Config
-from tmem.layers import make_norm
 from tmem.vector_model import VectorModel
 
 
@@ -28,7 +27,7 @@ class LM(Backbone):
         self.embed = nnx.Embed(vocab_size, m.width, embedding_init=nnx.initializers.normal(m.embed_std), rngs=rngs)
         # the stack's parameters are drawn after the embedding's: the order of draws is the initialisation
         super().__init__(m, cfg.mixer, cfg.mlp, max_len, rngs=rngs)
-        self.norm = make_norm(m.norm, m.width, rngs)
+        self.norm = final_norm(m, rngs)
         self.unembed = None if m.tie_embeddings else nnx.Linear(m.width, vocab_size, use_bias=False, rngs=rngs)
         if not m.train_embeddings:
             # Random fixed token codes: whatever the model stores must then live in its blocks.

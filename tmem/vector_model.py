@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from flax import nnx
 
-from tmem.backbone import Backbone
+from tmem.backbone import Backbone, final_norm
 from tmem.config import Config
-from tmem.layers import make_norm
 
 
 class VectorModel(Backbone):
@@ -30,7 +29,7 @@ class VectorModel(Backbone):
         self.read_in = None if self.identity else nnx.Linear(token_dim, m.width, rngs=rngs)
         super().__init__(m, cfg.mixer, cfg.mlp, max_len, rngs=rngs)  # drawn after the read-in, as always
         if not self.identity:
-            self.norm = make_norm(m.norm, m.width, rngs)
+            self.norm = final_norm(m, rngs)
             self.read_out = nnx.Linear(m.width, 1, rngs=rngs)
 
     def __call__(self, inputs_btd, *, positions=None, head_mask=None, states=None):

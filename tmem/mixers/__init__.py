@@ -9,6 +9,7 @@ from typing import NamedTuple
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.base import Mixer, MixerConfig, MixerState
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
+from tmem.mixers.hopfield import Hopfield, HopfieldConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
 from tmem.mixers.none import NoMixer, NoneConfig
 
@@ -24,6 +25,7 @@ FAST_WEIGHT = Row(FastWeightConfig, FastWeight)  # one write rule; each row's kn
 
 MIXERS: dict[str, Row] = {
     "softmax": Row(SoftmaxConfig, SoftmaxAttention),
+    "hopfield": Row(HopfieldConfig, Hopfield),  # softmax retrieval with keys tied to values (Chapter 6, D8)
     "lsa": Row(LSAConfig, LinearSelfAttention),
     "linear": FAST_WEIGHT,
     "retnet": FAST_WEIGHT,

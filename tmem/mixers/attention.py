@@ -1,8 +1,15 @@
-"""Softmax attention: the exponential read over a store that grows by one pair per token."""
+"""Softmax attention: the exponential read over a store that grows by one pair per token, and its variants.
+
+The variants are switches of one layer (Chapters 3 and 6): grouped-query
+keys and values (kv_heads), a sliding window whose cache keeps only what a
+later query can see, length scaling of the logits (log n; Scalable-Softmax),
+attention sinks, a gated output, and q/k normalisation.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -11,15 +18,30 @@ from flax import nnx, struct
 
 from tmem.layers import rope
 from tmem.memory import softmax_read
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.memory.softmax import logn_scale, ssmax_scale, visible_keys
+from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+
+QK_NORMS = ("none", "rms", "l2")
+LENGTH_SCALES = ("none", "logn", "ssmax")
 
 
 @dataclasses.dataclass(frozen=True)
 class SoftmaxConfig(MixerConfig):
     name: str = "softmax"
     heads: int = 4
-    temperature: float | None = None  # beta; None means 1/sqrt(head width)
-    qk_norm: bool = False  # RMSNorm on each head's query and key before RoPE
+    kv_heads: int | None = None  # key-value heads, each read by heads / kv_heads queries (1: multi-query); None: heads
+    # beta; None: 1/sqrt(head width), or sqrt(head width) with qk_norm=l2, so unit q and k give the logits'
+    # range RMS-normed ones (of norm sqrt(head width)) give
+    temperature: float | None = None
+    qk_norm: str = "none"  # none | rms (RMSNorm with a learned gain) | l2 (unit): each head's q and k, before RoPE
+    window: int | None = None  # query t reads keys s with t - window < s <= t; None: every earlier key
+    # logits times: none; logn, log_L(n) for n > L (1 up to the training length L); ssmax, s_h log n with s
+    # learned per head (Scalable-Softmax). n: the keys the query sees
+    length_scale: str = "none"
+    train_length: int | None = None  # L of length_scale; None: the task's seq_len (set by fit)
+    sinks: bool = False  # a learned logit per head in every softmax's denominator, reading no value (gpt-oss)
+    output_gate: bool = False  # multiply each head's read by gate_activation(W_g x) before the output map
+    gate_activation: str = "sigmoid"  # sigmoid | silu
     bias: bool = False
     rope_base: float = 10_000.0
 
@@ -27,23 +49,63 @@ class SoftmaxConfig(MixerConfig):
     takes_qk_positions: ClassVar[bool] = True
 
     def check(self, width: int) -> None:
+        for field, allowed in (("qk_norm", QK_NORMS), ("length_scale", LENGTH_SCALES),
+                               ("gate_activation", tuple(GATE_ACTIVATIONS))):
+            value = getattr(self, field)
+            if value not in allowed:
+                was = " (it was a bool: true is rms, false none)" if value in ("True", "False", True, False) else ""
+                raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}{was}")
         if self.heads < 1 or width % self.heads:
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise ValueError(f"mixer.kv_heads={self.kv_heads} must divide mixer.heads={self.heads} (or be null)")
+        for field in ("window", "train_length"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                raise ValueError(f"mixer.{field}={value} must be positive or null")
+        if self.length_scale != "none" and self.train_length is not None and self.train_length < 2:
+            raise ValueError(f"mixer.train_length={self.train_length} must be at least 2 with "
+                             f"length_scale={self.length_scale}: log 1 is 0")
+
+    def fit(self, task) -> SoftmaxConfig:
+        """The training length of length_scale is the task's, unless set."""
+        return self if self.train_length is not None else dataclasses.replace(self, train_length=task.seq_len)
+
+    def kv_width(self, width: int) -> int:
+        """Key (and value) width over all key-value heads."""
+        return (self.kv_heads or self.heads) * (width // self.heads)
+
+    def cached_tokens(self, seq_len: int) -> int:
+        """Tokens the cache holds after seq_len: all of them, or the window's last window - 1."""
+        return seq_len if self.window is None else min(seq_len, self.window - 1)
 
     def state_size(self, width: int, seq_len: int) -> int:
-        """Keys and values of every token seen: 2 * width per token."""
-        return 2 * width * seq_len
+        """Keys and values of the tokens cached: 2 * kv width per token."""
+        return 2 * self.kv_width(width) * self.cached_tokens(seq_len)
 
     def state_size_per_token(self, width: int) -> int | None:
-        return 2 * width
+        return None if self.window is not None else 2 * self.kv_width(width)
 
 
 @struct.dataclass
 class KVCache(MixerState):
-    """Softmax attention's store: the keys (already rotated) and values [B, S, H, d] of the tokens read."""
+    """Softmax attention's store: keys (already rotated) and values [B, S, kv heads, d] of the last S tokens read."""
 
     keys: jax.Array
     values: jax.Array
+
+
+def _unit(x):
+    """x / sqrt(|x|^2 + 1e-6) along the last axis."""
+    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def _per_query(x, heads: bool):
+    """A value per query, [T] or [B, Q] (with a trailing [H] when heads), laid out as the scores [B, H, T, 1]."""
+    if heads:
+        x = jnp.moveaxis(x, -1, -2)  # [H, T] or [B, H, Q]
+        return x.reshape((1,) * (4 - x.ndim - 1) + x.shape + (1,))
+    return x.reshape((1, 1, -1, 1) if x.ndim == 1 else (x.shape[0], 1, x.shape[1], 1))
 
 
 class SoftmaxAttention(Mixer):
@@ -56,42 +118,74 @@ class SoftmaxAttention(Mixer):
     def __init__(self, cfg: SoftmaxConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         self.cfg, self.rope = cfg, rope
         self.heads, self.d_head = cfg.heads, width // cfg.heads
-        self.qkv = nnx.Linear(width, 3 * width, use_bias=cfg.bias, rngs=rngs)
+        self.kv_heads = cfg.kv_heads or cfg.heads
+        self.qkv = nnx.Linear(width, width + 2 * cfg.kv_width(width), use_bias=cfg.bias, rngs=rngs)
         self.out = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
-        if cfg.qk_norm:
+        if cfg.qk_norm == "rms":
             self.q_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
             self.k_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
+        # drawn after every parameter the plain layer has, so with these off it initialises as it always did
+        if cfg.output_gate:
+            self.gate = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
+        if cfg.sinks:
+            self.sinks = nnx.Param(jnp.zeros((cfg.heads,)))
+        if cfg.length_scale == "ssmax":
+            if cfg.train_length is None:
+                raise ValueError("mixer.train_length is null: validate the config (its fit sets the task's length)")
+            # s log L = 1: at the training length the read starts as plain softmax's (the paper's init was not
+            # recovered; this one makes the option change nothing at step 0 where the task is trained)
+            self.ssmax_scale = nnx.Param(jnp.full((cfg.heads,), 1 / math.log(cfg.train_length)))
 
     def __call__(self, x_btd, *, state: KVCache | None = None, head_mask=None, read_at=None, qk_positions=None):
         """The protocol's call (tmem.mixers.base.Mixer). Shortformer positions reach queries and keys only:
         attention can find positions, but values, and so the residual stream, carry none."""
-        B, T, D = x_btd.shape
-        H, d = self.heads, self.d_head
+        cfg, (B, T, D) = self.cfg, x_btd.shape
+        H, G, d = self.heads, self.kv_heads, self.d_head
+        E = G * d
         kernel = self.qkv.kernel[...]
         x_qk = x_btd if qk_positions is None else x_btd + qk_positions
-        k = (x_qk @ kernel[:, D:2 * D]).reshape(B, T, H, d)
-        v = (x_btd @ kernel[:, 2 * D:]).reshape(B, T, H, d)
+        k = (x_qk @ kernel[:, D:D + E]).reshape(B, T, G, d)
+        v = (x_btd @ kernel[:, D + E:]).reshape(B, T, G, d)
         q = (at_positions(x_qk, read_at) @ kernel[:, :D]).reshape(B, -1, H, d)
-        if self.cfg.bias:
+        if cfg.bias:
             bias = self.qkv.bias[...]
-            q, k, v = q + bias[:D].reshape(H, d), k + bias[D:2 * D].reshape(H, d), v + bias[2 * D:].reshape(H, d)
-        if self.cfg.qk_norm:
+            q, k, v = q + bias[:D].reshape(H, d), k + bias[D:D + E].reshape(G, d), v + bias[D + E:].reshape(G, d)
+        if cfg.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
+        elif cfg.qk_norm == "l2":
+            q, k = _unit(q), _unit(k)
         offset = 0 if state is None else state.length
         q_pos = offset + (jnp.arange(T) if read_at is None else read_at)
         if self.rope:
-            q = rope(q, q_pos, self.cfg.rope_base)
-            k = rope(k, offset + jnp.arange(T), self.cfg.rope_base)
+            q = rope(q, q_pos, cfg.rope_base)
+            k = rope(k, offset + jnp.arange(T), cfg.rope_base)
         if state is not None:
             k = jnp.concatenate([state.keys, k], axis=1)
             v = jnp.concatenate([state.values, v], axis=1)
         # the cache holds the last S tokens read; key s is readable from query position t when s <= t
+        # (and t - window < s with a window)
         S = k.shape[1]
         s_pos = (offset + T - S + jnp.arange(S)).reshape((1,) * q_pos.ndim + (-1,))
         mask = s_pos <= q_pos[..., None]  # [T, S] or [B, Q, S]
+        if cfg.window is not None:
+            mask = mask & (s_pos > q_pos[..., None] - cfg.window)
         mask = mask[None, None] if read_at is None else mask[:, None]
-        beta = self.cfg.temperature or d**-0.5
-        o_bthd, weights = softmax_read(q, k, v, mask, beta)
+        scale = None
+        if cfg.length_scale != "none":
+            n = visible_keys(q_pos, cfg.window)
+            scale = (_per_query(logn_scale(n, cfg.train_length), heads=False) if cfg.length_scale == "logn"
+                     else _per_query(ssmax_scale(n, self.ssmax_scale[...]), heads=True))
+        beta = cfg.temperature or (d**0.5 if cfg.qk_norm == "l2" else d**-0.5)
+        o_bthd, weights = softmax_read(q, k, v, mask, beta, scale=scale,
+                                       sink_h=self.sinks[...] if cfg.sinks else None)
         self.sow(nnx.Intermediate, "attention", weights, capture_noop=True)
+        if cfg.output_gate:
+            gate = GATE_ACTIVATIONS[cfg.gate_activation](self.gate(at_positions(x_btd, read_at)))
+            o_bthd = o_bthd * gate.reshape(o_bthd.shape)
         o_bthd = mask_heads(o_bthd, head_mask)
+        if cfg.window is not None:
+            # a later query at t >= offset + T sees keys s > t - window, so only the last window - 1 are ever read
+            # again: the cache stays that size however long the continuation
+            keep = cfg.cached_tokens(S)
+            k, v = k[:, S - keep:], v[:, S - keep:]
         return self.out(o_bthd.reshape(B, -1, D)), KVCache(k, v, length=offset + T)

@@ -95,3 +95,7 @@ def mask_heads(o_bthd: jax.Array, head_mask: jax.Array | None) -> jax.Array:
     if head_mask is None:
         return o_bthd
     return o_bthd * head_mask[None, None, :, None].astype(o_bthd.dtype)
+
+
+# The output gate's activations, shared by the rows with a `gate_activation` knob: o = out(act(W_g x) * read)
+GATE_ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}

@@ -15,9 +15,11 @@ that differs in three choices, plus the shared projections around it:
 Around the write: q, k, v projections, an optional short causal convolution
 (with SiLU) on them, a feature map on q and k, optional L2 normalisation of q
 and k, the q scale, an optional normaliser (linear attention's z_t, kept as an
-extra value column of ones), Mamba-2's skip D v, and a per-head RMSNorm of the
-read-out with an optional gate (SiLU or sigmoid). The state is key-major
-(d_k x d_v per head, read S^T q), the transpose of the note's S.
+extra value column of ones), Mamba-2's skip D v, and an RMSNorm of the
+read-out (per head, or over the whole width as Mamba-2's) with an optional gate
+(SiLU or sigmoid) after it or, as in Mamba-2, before it. q and k may be shared
+by groups of heads (Mamba-2's B and C: one group for all heads). The state is
+key-major (d_k x d_v per head, read S^T q), the transpose of the note's S.
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ from tmem.layers import ShortConv, short_conv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 RULES = ("add", "delta")
 DECAYS = ("none", "fixed", "scalar", "vector")
 WRITE_STRENGTHS = ("one", "sigmoid", "dt")
-GATE_ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
 FORMS = ("chunked", "recurrent")
+NORM_OVER = ("head", "width")
 
 # Initialisations of the reference layers (anchors/mixers.md): Mamba-2's A ~ U(1, 16) and
 # dt ~ logU(1e-3, 1e-1); GLA's low-rank gate with temperature 16.
@@ -58,19 +60,27 @@ class FastWeightConfig(MixerConfig):
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
     write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)
     heads: int = 4
+    # heads that share one q and one k (Mamba-2's C and B, its n_groups): None gives each head its own; must
+    # divide heads. Not softmax's kv_heads: here the values stay per head and the keys and queries are shared.
+    qk_groups: int | None = None
     key_width: int | None = None  # d_k per head before the feature map; None: width // heads
     value_width: int | None = None  # d_v per head; None: width // heads
     feature_map: str = "identity"  # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k)
     dpfp_nu: int = 1
     normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
     q_scale: float | None = None  # None: d_phi^(-1/2)
-    qk_norm: str = "none"  # none | l2 (unit q and k; the delta rule needs unit keys)
+    qk_norm: str = "none"  # none | rms (RMSNorm with a gain) | l2 (unit q and k; the delta rule needs unit keys)
     # kernel of the causal depthwise convolution on q, k, v: the previous-token view a sum over the past
     # cannot compute; 0 for none
     short_conv: int = 4
+    conv_bias: bool = False  # a bias on the short convolution (Mamba-2's conv1d has one; fla's other layers not)
     skip: bool = False  # Mamba-2's D: add D_h v_t to the read
-    output_norm: bool = True  # RMSNorm of each head's read
+    output_norm: bool = True  # RMSNorm of the read
+    output_norm_over: str = "head"  # head (fla's, each head's d_v alone) | width (Mamba-2's: all heads together)
     output_gate: bool = False  # multiply the read by gate_activation(W_g x)
+    # the gate's place: after the norm, RMSNorm(o) * g (fla) | before it, RMSNorm(o * g) (Mamba-2's
+    # norm_before_gate=False)
+    gate_before_norm: bool = False
     gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
@@ -80,17 +90,19 @@ class FastWeightConfig(MixerConfig):
 
     def check(self, width: int) -> None:
         for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
-                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "l2")), ("form", FORMS),
-                               ("gate_activation", tuple(GATE_ACTIVATIONS))):
+                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "rms", "l2")), ("form", FORMS),
+                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("output_norm_over", NORM_OVER)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
-        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width"):
+        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width", "qk_groups"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise ValueError(f"mixer.{field}={value} must be positive")
         if self.short_conv < 0:
             raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        if self.qk_groups is not None and self.heads % self.qk_groups:
+            raise ValueError(f"mixer.qk_groups={self.qk_groups} must divide mixer.heads={self.heads}")
         if (self.key_width is None or self.value_width is None) and width % self.heads:
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
         if self.rule == "delta" and self.qk_norm != "l2":
@@ -99,6 +111,11 @@ class FastWeightConfig(MixerConfig):
             raise ValueError("mixer.write_strength=dt needs decay=scalar, which defines dt")
         if self.normalize and (self.rule != "add" or self.feature_map == "identity"):
             raise ValueError("mixer.normalize needs rule=add and a non-negative feature map (elu, relu, dpfp)")
+
+    @property
+    def groups(self) -> int:
+        """How many distinct q and k projections: qk_groups, or one per head."""
+        return self.qk_groups or self.heads
 
     def widths(self, width: int) -> tuple[int, int, int]:
         """d_k, d_phi (the state's key width) and d_v, per head."""
@@ -109,7 +126,7 @@ class FastWeightConfig(MixerConfig):
         """The fast-weight matrices (d_phi x d_v per head, plus the normaliser) and the convolution's window."""
         d_key, d_phi, d_value = self.widths(width)
         memory = self.heads * d_phi * (d_value + self.normalize)
-        window = max(self.short_conv - 1, 0) * self.heads * (2 * d_key + d_value)
+        window = max(self.short_conv - 1, 0) * (2 * self.groups * d_key + self.heads * d_value)
         return memory + window
 
 
@@ -162,13 +179,13 @@ class FastWeight(Mixer):
     def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # these rows take positions from the convolution and the decay
         self.cfg = cfg
-        H = cfg.heads
+        H, G = cfg.heads, cfg.groups
         self.d_key, self.d_phi, self.d_value = d_key, d_phi, d_value = cfg.widths(width)
         linear = lambda n_in, n_out, bias=False: nnx.Linear(n_in, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
-        self.q, self.k, self.v = linear(width, H * d_key), linear(width, H * d_key), linear(width, H * d_value)
+        self.q, self.k, self.v = linear(width, G * d_key), linear(width, G * d_key), linear(width, H * d_value)
         if cfg.short_conv:  # one per projection, as in fla: a shared one would mix q, k and v in one buffer
-            self.conv_q, self.conv_k = (ShortConv(H * d_key, cfg.short_conv, rngs=rngs) for _ in range(2))
-            self.conv_v = ShortConv(H * d_value, cfg.short_conv, rngs=rngs)
+            conv = lambda n: ShortConv(n, cfg.short_conv, bias=cfg.conv_bias, rngs=rngs)  # noqa: E731
+            self.conv_q, self.conv_k, self.conv_v = conv(G * d_key), conv(G * d_key), conv(H * d_value)
         if cfg.decay == "scalar":
             self.dt = linear(width, H)
             dt = jnp.exp(jax.random.uniform(rngs.params(), (H,), minval=math.log(DT_RANGE[0]),
@@ -183,10 +200,20 @@ class FastWeight(Mixer):
         if cfg.skip:
             self.D = nnx.Param(jnp.ones((H,)))
         if cfg.output_norm:
-            self.norm = nnx.RMSNorm(d_value, epsilon=1e-5, rngs=rngs)
+            self.norm = nnx.RMSNorm(d_value if cfg.output_norm_over == "head" else H * d_value, epsilon=1e-5,
+                                    rngs=rngs)
         if cfg.output_gate:
             self.gate = linear(width, H * d_value)
         self.out = linear(H * d_value, width)
+        if cfg.qk_norm == "rms":  # made last, so the rows without it draw their parameters as before
+            self.q_norm, self.k_norm = (nnx.RMSNorm(d_phi, rngs=rngs) for _ in range(2))
+
+    def output_norm(self, o_bthd):
+        """RMSNorm of the read [B, T, H, d_v], over each head's d_v or over all H d_v at once."""
+        if self.cfg.output_norm_over == "head":
+            return _rms_norm(o_bthd, self.norm.scale[...], self.norm.epsilon)
+        shape = o_bthd.shape
+        return _rms_norm(o_bthd.reshape(shape[:2] + (-1,)), self.norm.scale[...], self.norm.epsilon).reshape(shape)
 
     def projections(self, x_btd) -> dict[str, jax.Array]:
         """Every map that reads x (q, k, v and the gate, strength and decay inputs) as one matmul.
@@ -229,13 +256,20 @@ class FastWeight(Mixer):
         q, k, v = p["q"], p["k"], p["v"]
         tail = None
         if cfg.short_conv:  # the three filters as one, over q, k and v side by side
-            kernel = jnp.concatenate([c.kernel[...] for c in (self.conv_q, self.conv_k, self.conv_v)], axis=1)
-            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv)
+            convs = (self.conv_q, self.conv_k, self.conv_v)
+            kernel = jnp.concatenate([c.kernel[...] for c in convs], axis=1)
+            bias = jnp.concatenate([c.bias[...] for c in convs]) if cfg.conv_bias else None
+            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv,
+                                   bias)
             q, k, v = jnp.split(jax.nn.silu(qkv), [q.shape[-1], q.shape[-1] + k.shape[-1]], axis=-1)
-        q, k = (feature_map(cfg.feature_map, y.reshape(B, T, H, self.d_key), cfg.dpfp_nu) for y in (q, k))
+        q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu) for y in (q, k))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":
             q, k = _l2_normalize(q), _l2_normalize(k)
+        elif cfg.qk_norm == "rms":
+            q, k = (_rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
+        if cfg.groups != H:  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
+            q, k = (jnp.repeat(y, H // cfg.groups, axis=2) for y in (q, k))
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)
@@ -250,10 +284,15 @@ class FastWeight(Mixer):
             o = o[..., :-1] / (o[..., -1:] + NORMALISER_EPS)
         if cfg.skip:
             o = o + self.D[...][None, None, :, None] * at_positions(v, read_at)
-        if cfg.output_norm:  # nnx.RMSNorm's math (its scale, its epsilon), written out: see _rms_norm
-            o = _rms_norm(o, self.norm.scale[...], self.norm.epsilon)
+        gate = None
         if cfg.output_gate:
-            o = o * GATE_ACTIVATIONS[cfg.gate_activation](at_positions(p["gate"], read_at)).reshape(o.shape)
+            gate = GATE_ACTIVATIONS[cfg.gate_activation](at_positions(p["gate"], read_at)).reshape(o.shape)
+            if cfg.gate_before_norm:
+                o = o * gate
+        if cfg.output_norm:  # nnx.RMSNorm's math (its scale, its epsilon), written out: see _rms_norm
+            o = self.output_norm(o)
+        if gate is not None and not cfg.gate_before_norm:
+            o = o * gate
         o = mask_heads(o, head_mask)
         length = T + (0 if state is None else state.length)
         return self.out(o.reshape(B, -1, H * self.d_value)), FastWeightState(memory, tail, length=length)
