@@ -225,3 +225,14 @@ def test_a_kill_while_a_checkpoint_is_written_loses_nothing(tmp_path):
     np.testing.assert_array_equal(restored.params["w"], np.arange(12.0) * 3)
     ckpts.save(restored.replace(step=restored.step + 5))  # the next save clears what the killed one left
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["8"]
+
+
+def test_a_step_saved_before_checksums_restores_unverified_with_its_metrics(trained_state, tmp_path, caplog):
+    """Runs saved by orbax's training Checkpointer (tmem before checksums) stay readable, and say so."""
+    old = ocp.training.Checkpointer(tmp_path / "ck")
+    old.save(3, trained_state, metrics={"eval/accuracy": 0.5})
+    old.close()
+    ckpts = Checkpoints(tmp_path / "ck")
+    restored = ckpts.restore(jax.eval_shape(lambda: trained_state))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(trained_state))
+    assert "carries no checksums" in caplog.text and ckpts.metrics(3) == {"eval/accuracy": 0.5}

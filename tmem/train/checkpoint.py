@@ -86,12 +86,19 @@ class Checkpoints:
 
     def metrics(self, step: int) -> dict:
         """The held-out metrics saved with a step; {} (with a warning) when its metadata cannot be read."""
-        return dict(self._metadata(step, warn=True).get("metrics") or {})
+        metadata = self._metadata(step, warn=True) or {}
+        legacy = self.directory / str(step) / "metrics" / "metrics"  # where orbax's training Checkpointer kept them
+        if "metrics" not in metadata and legacy.is_file():
+            try:
+                return dict(json.loads(legacy.read_text()) or {})
+            except (OSError, ValueError) as e:
+                log.warning(f"{legacy} cannot be read [{type(e).__name__}]; step {step}'s metrics are unknown")
+        return dict(metadata.get("metrics") or {})
 
     def config(self) -> dict | None:
         """The resolved config the run saved with its newest readable step."""
         for step in reversed(self.steps()):
-            config = self._metadata(step).get("config")
+            config = (self._metadata(step) or {}).get("config")
             if config is not None:
                 return config
         return None
@@ -144,10 +151,15 @@ class Checkpoints:
                 state = ocp.load(folder, target, checkpointable_name=STATE)
         except Exception as e:  # orbax raises many types; keep the cause chained
             raise self._why_not(step, e) from e
-        saved = self._metadata(step).get("checksums")
-        if saved is None:
-            raise Damaged(f"step {step} in {self.directory} cannot be verified: {folder / FINISHED} holds no "
-                          "checksums (damaged, or written by another program)")
+        metadata = self._metadata(step)
+        if metadata is None:
+            raise Damaged(f"step {step} in {self.directory} cannot be verified: {folder / FINISHED}, which holds "
+                          "its checksums, cannot be read")
+        saved = metadata.get("checksums")
+        if saved is None:  # orbax wrote it, tmem did not checksum it: a run from before checksums, or another tool's
+            log.warning(f"step {step} in {self.directory} carries no checksums (saved before tmem verified "
+                        "checkpoints): restored unverified")
+            return state
         bad = [path for path, digest in checksums(state).items() if saved.get(path) != digest]
         if bad:
             raise Damaged(f"step {step} in {self.directory} is damaged: {len(bad)} of {len(saved)} arrays no longer "
@@ -175,8 +187,8 @@ class Checkpoints:
     def _newest_intact(self, abstract: TrainState, below: int) -> int | None:
         return next((s for s in reversed(self.steps()) if s < below and self._intact(s, abstract)), None)
 
-    def _metadata(self, step: int, warn: bool = False) -> dict:
-        """The custom metadata orbax keeps in a step's finished-marker file ({} when it cannot be read).
+    def _metadata(self, step: int, warn: bool = False) -> dict | None:
+        """The custom metadata orbax keeps in a step's finished-marker file (None when it cannot be read).
 
         Read as the JSON it is, not through `ocp.metadata`, which also reads the
         state's own metadata and so fails on damage this file does not share.
@@ -187,7 +199,7 @@ class Checkpoints:
         except (OSError, ValueError, AttributeError) as e:
             if warn:
                 log.warning(f"{path} cannot be read [{type(e).__name__}]; step {step}'s metrics are unknown")
-            return {}
+            return None
 
     def _move_aside(self, step: int) -> Path:
         folder = self.directory / str(step)
@@ -209,7 +221,7 @@ class Checkpoints:
         step, sums, abstract = int(state.step), checksums(state), jax.eval_shape(lambda: state)
         folder = self.directory / str(step)
         if folder.exists():
-            if self._metadata(step).get("checksums") == sums and self._intact(step, abstract):
+            if (self._metadata(step) or {}).get("checksums") == sums and self._intact(step, abstract):
                 return
             log.warning(f"step {step} in {self.directory} holds other or damaged arrays; moved it to "
                         f"{self._move_aside(step).name} before saving this run's step {step}")
