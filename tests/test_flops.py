@@ -65,15 +65,17 @@ def test_the_count_of_a_loop_free_step_matches_xla(row):
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{row}: analytic {analytic:.4g}, XLA {xla:.4g}"
 
 
-# the options of mixer=softmax and post-norm, each alone (slow), and together in the quick subset
-SOFTMAX_OPTIONS = ["mixer.kv_heads=1", "mixer.window=16", "mixer.sinks=true", "mixer.output_gate=true",
-                   "mixer.length_scale=logn", "mixer.length_scale=ssmax", "mixer.qk_norm=rms", "mixer.qk_norm=l2",
-                   "model.norm_position=post"]
-TOGETHER = ("mixer.kv_heads=2", "mixer.window=16", "mixer.sinks=true", "mixer.output_gate=true",
-            "mixer.gate_activation=silu", "mixer.length_scale=ssmax", "model.norm_position=post", "mlp=relu")
+# the options of mixer=softmax and post-norm, in two sets that together hold every option once
+OPTION_SETS = {
+    "gqa-window-sinks-gate-ssmax-l2-post": ("mixer.kv_heads=2", "mixer.window=16", "mixer.sinks=true",
+                                            "mixer.output_gate=true", "mixer.gate_activation=silu",
+                                            "mixer.length_scale=ssmax", "mixer.qk_norm=l2",
+                                            "model.norm_position=post", "mlp=relu"),
+    "mqa-logn-rms": ("mixer.kv_heads=1", "mixer.length_scale=logn", "mixer.qk_norm=rms"),
+}
 
 
-@pytest.mark.parametrize("options", [TOGETHER, *(pytest.param((o,), marks=pytest.mark.slow) for o in SOFTMAX_OPTIONS)])
+@pytest.mark.parametrize("options", OPTION_SETS.values(), ids=OPTION_SETS)
 def test_the_count_of_the_softmax_options_matches_xla(options):
     overrides = (*loop_free("softmax"), *options)
     analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
@@ -81,11 +83,10 @@ def test_the_count_of_the_softmax_options_matches_xla(options):
 
 
 # the hopfield row's unrolled updates and learned beta; Mamba-2's layer before its reference (per-head B and C, no
-# conv bias, per-head norm, gate after it) and a grouping between the two
+# conv bias, per-head norm, gate after it)
 ROW_OPTIONS = [("hopfield", "mixer.iterations=3", "mixer.learn_temperature=true"),
                ("mamba2", "mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
-                "mixer.gate_before_norm=false"),
-               ("mamba2", "mixer.qk_groups=2")]
+                "mixer.gate_before_norm=false")]
 
 
 @pytest.mark.slow

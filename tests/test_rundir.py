@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def finished_run(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def finished_record(tmp_path_factory) -> Path:
     """The record of a finished TINY run: Hydra's config, a summary, a checkpoint step carrying the config."""
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("record") / "run"
     (run / ".hydra").mkdir(parents=True)
     cfg = compose_config(TINY)
     (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -34,6 +35,12 @@ def finished_run(tmp_path) -> Path:
     step.mkdir(parents=True)
     (step / FINISHED).write_text(json.dumps({"custom_metadata": {"config": OmegaConf.to_container(cfg, resolve=True)}}))
     return run
+
+
+@pytest.fixture
+def finished_run(finished_record, tmp_path) -> Path:
+    """A copy of the record for one test (composed once per module: composing costs more than copying)."""
+    return Path(shutil.copytree(finished_record, tmp_path / "run"))
 
 
 # Each command must stop with one ConfigError line naming the problem and its fix, before Hydra writes anything.
