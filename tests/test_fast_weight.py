@@ -112,17 +112,19 @@ def test_train_py_runs_a_row_of_each_write(tmp_path):
 
 
 @pytest.mark.slow
-def test_deltanet_learns_the_default_mqar_job(tiny_cfg, tmp_path):
-    """The row's default config on the default job reaches 99% held-out accuracy (docs: ~1,000 steps)."""
+def test_deltanet_learns_recall_on_the_default_mqar_job(tiny_cfg, tmp_path):
+    """The row's default config on the default job leaves the quarter plateau and reaches 90% held-out accuracy
+    (300 steps, about 45 s on 2 cores; 0.99 takes about 850 steps, the README's table, which is measured
+    by benchmarks/mqar_rows.py rather than paid for in every test run)."""
     from conftest import compose_config
     from omegaconf import OmegaConf
 
     from tmem.config import validate
     from tmem.train.loop import run
 
-    raw = compose_config(["mixer=deltanet", "logger=disabled", "train.steps=3000"])
+    raw = compose_config(["mixer=deltanet", "logger=disabled", "train.steps=1500", "train.target=0.9"])
     summary = run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
-    assert summary["eval/accuracy"] >= 0.99, summary
+    assert summary["target_step"] is not None and summary["eval/accuracy"] >= 0.9, summary
 
 
 def test_written_out_norms_equal_their_definitions():
