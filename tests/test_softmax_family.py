@@ -206,6 +206,19 @@ def test_a_post_norm_model_has_no_final_norm_and_continues_from_its_states(tiny_
     np.testing.assert_allclose(jnp.concatenate(outs, 1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_two_windowed_layers_see_the_last_2_window_minus_1_tokens(tiny_cfg):
+    """README's bound for mixer.window=16 on the default job: after two layers a position's output depends on
+    the 2 (window - 1) tokens before it and on none earlier, whatever the weights."""
+    cfg, _ = tiny_cfg("mixer.window=4", "model.depth=2")
+    model = build_model(cfg, cfg.task)
+    tokens = cfg.task.sample(jax.random.key(3), 1).inputs
+    t, reach = tokens.shape[1] - 1, 2 * (4 - 1)
+    base, _ = model.forward(tokens)
+    changed = lambda s: model.forward(tokens.at[0, s].set((tokens[0, s] + 1) % cfg.task.vocab))[0]  # noqa: E731
+    assert not np.allclose(changed(t - reach)[0, t], base[0, t])
+    np.testing.assert_array_equal(changed(t - reach - 1)[0, t], base[0, t])
+
+
 def test_fast_weight_rows_accept_rms_qk_norm():
     """Linear attention with RMS-normed q and k: o_t = sum_{s <= t} (q_t . k_s) v_s / sqrt(d), written out."""
     cfg = FastWeightConfig(heads=2, qk_norm="rms", short_conv=0, output_norm=False, form="recurrent")
