@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import jax
@@ -44,12 +45,23 @@ class Task(Protocol):
     @property
     def vocab_size(self) -> int | None: ...  # None for vector tasks, which give token_dim instead
 
-    def sample(self, key: jax.Array, batch_size: int) -> Batch: ...
+    def sample(self, key: jax.Array, batch_size: int) -> Batch: ...  # a training batch
+
+    # Optional: `sample_heldout(key, batch_size)`, the held-out examples when they differ from training ones
+    # (MAD's test sets score fewer positions, and fuzzy recall's test keys are always of the longest length).
 
     def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
 
 
-class TokenTask:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Fields every task has (so `task.train_examples=...` needs no `+`), implemented once for all tasks."""
+
+    # None: fresh examples every step; N: epochs of N fixed examples made from train.seed (tasks/examples.py)
+    train_examples: int | None = dataclasses.field(default=None, kw_only=True)
+
+
+class TokenTask(Options):
     """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example`."""
 
     input_kind = "tokens"
@@ -72,8 +84,9 @@ def check(*conditions: tuple[bool, str]) -> None:
 
 
 def heldout(task: Task) -> Batch:
-    """The task's fixed held-out set: its own seed, never a training key."""
-    return task.sample(jax.random.key(task.heldout_seed), task.heldout_size)
+    """The task's fixed held-out set: its own seed, never a training key (`sample_heldout` where a task has one)."""
+    sample = getattr(task, "sample_heldout", task.sample)
+    return sample(jax.random.key(task.heldout_seed), task.heldout_size)
 
 
 def token_loss(logits: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:

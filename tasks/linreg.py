@@ -24,11 +24,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Batch, check
+from tasks.base import Batch, Options, check
 
 
 @dataclasses.dataclass(frozen=True)
-class LinReg:
+class LinReg(Options):
     dim: int = 10  # d, the size of x
     num_examples: int = 10  # N in-context pairs before the query
     input_dist: str = "uniform"  # uniform: x ~ U(-r/2, r/2)^d; normal: x ~ N(0, r^2 I) (Garg)

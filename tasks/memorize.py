@@ -22,11 +22,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Batch, token_loss
+from tasks.base import Batch, Options, token_loss
 
 
 @dataclasses.dataclass(frozen=True)
-class Memorize:
+class Memorize(Options):
     num_facts: int = 1024
     num_values: int = 256
     seq_len: int = 32  # facts per sequence; a model without a mixer reads each on its own

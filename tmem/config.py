@@ -248,6 +248,9 @@ def _check_together(cfg: Config) -> None:
         cfg.mixer.check(cfg.model.width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    examples = getattr(cfg.task, "train_examples", None)
+    if examples is not None and examples < 1:
+        raise ConfigError(f"task.train_examples={examples} must be at least 1 (or null: fresh examples every step)")
     vectors = cfg.task.input_kind == "vectors"
     if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
         raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "

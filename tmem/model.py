@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tmem.autoencoder import AutoEncoder
 from tmem.backbone import Backbone, final_norm
 from tmem.config import Config
 from tmem.vector_model import VectorModel
@@ -46,10 +47,13 @@ class LM(Backbone):
 
 
 def build_model(cfg: Config, task, seed: int | None = None) -> nnx.Module:
-    """The model a config describes, for the task it will read: an LM, or a VectorModel for vectors."""
+    """The model a config describes, for the task it will read: an LM, a VectorModel for vectors, or an
+    AutoEncoder for a task with `head = "autoencoder"`."""
     seed = cfg.train.seed if seed is None else seed
     if task.input_kind == "vectors":
         return VectorModel(cfg, task.token_dim, task.seq_len, rngs=nnx.Rngs(params=seed))
+    if getattr(task, "head", None) == "autoencoder":  # MAD's compression task
+        return AutoEncoder(cfg, task.vocab_size, task.seq_len, rngs=nnx.Rngs(params=seed))
     return LM(cfg, task.vocab_size, task.seq_len, rngs=nnx.Rngs(params=seed))
 
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from tasks import Batch
+from tasks import Batch, Cursor, draw
+from tasks.examples import split
 
 
 @struct.dataclass
@@ -58,21 +59,23 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
     combined weighted by each slice's scored positions: the gradient of the
     whole batch, but one slice's activations stay in cache, which on a CPU makes
     a 64-example step cost about two 32-example ones rather than three.
+    `key` may instead be a tasks.Cursor: the batch is then the next examples
+    of the task's fixed training set (task.train_examples, tasks/examples.py).
     """
     grad_fn = jax.value_and_grad(make_loss(graphdef, task), has_aux=True)
     if microbatch is None or microbatch >= batch_size:
         def whole(params, rest, key):
-            (_, metrics), grads = grad_fn(params, rest, task.sample(key, batch_size))
+            (_, metrics), grads = grad_fn(params, rest, draw(task, key, batch_size))
             return metrics, grads
         return whole
 
     def sliced(params, rest, key):
         def one(k):
-            batch = task.sample(k, microbatch)
+            batch = draw(task, k, microbatch)
             (_, metrics), grads = grad_fn(params, rest, batch)
             return batch.mask.sum(), metrics, grads
 
-        w, metrics, grads = jax.lax.map(one, jax.random.split(key, batch_size // microbatch))
+        w, metrics, grads = jax.lax.map(one, split(key, batch_size // microbatch, microbatch))
         share = w / jnp.maximum(w.sum(), 1.0)
         return jax.tree.map(lambda x: jnp.tensordot(share, x, axes=1), (metrics, grads))
 
@@ -85,7 +88,9 @@ def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size
     gradients = make_gradients(graphdef, task, batch_size, microbatch)
 
     def train_step(state: TrainState):
-        metrics, grads = gradients(state.params, state.rest, batch_key(state))
+        fixed = getattr(task, "train_examples", None) is not None  # the step's examples of the fixed set
+        source = Cursor(state.key, state.step * batch_size) if fixed else batch_key(state)
+        metrics, grads = gradients(state.params, state.rest, source)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         bad = ~jnp.isfinite(metrics["loss"]) & (state.nonfinite_step < 0)
