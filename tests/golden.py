@@ -5,9 +5,10 @@ before the mixers and models moved onto one interface; test_golden.py holds
 today's code to it, so a refactor that changes any row's math or initialisation
 shows up as a failing case. Re-record only for a change meant to alter the math,
 and say so in the commit. Changes since: `record_cases` added the hopfield row's
-cases when the row was added, and re-recorded tokens-mamba2 and vectors-mamba2
-when the row's default became Mamba-2's reference layer; the mamba2-before cases
-hold the layer before to the original recording (copied, not re-measured).
+cases when the row was added (and the mesa and ttt_linear rows' when they were),
+and re-recorded tokens-mamba2 and vectors-mamba2 when the row's default became
+Mamba-2's reference layer; the mamba2-before cases hold the layer before to the
+original recording (copied, not re-measured).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from tmem.train.build import build
 from tmem.train.step import make_train_step
 
 ROWS = sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml"))
+# rows with no analytic count yet (mesa's CG scan, TTT's mini-batch scan): step_flops refuses them
+UNCOUNTED = {"mesa", "ttt_linear"}
 FAST_WEIGHT = {row for row in ROWS if MIXERS[row].config is FastWeightConfig}
 # one row per family in the quick subset (gated DeltaNet: the delta rule, a decay, a gate); the rest are slow
 QUICK = {"softmax", "lsa", "none", "gated_deltanet"}
@@ -59,10 +61,17 @@ def loop_free(row: str) -> tuple[str, ...]:
     return (f"mixer={row}", "train.microbatch=null", *(["mixer.chunk=64"] if row in FAST_WEIGHT else []))
 
 
-@pytest.mark.parametrize("row", [r if r in QUICK else pytest.param(r, marks=pytest.mark.slow) for r in ROWS])
+@pytest.mark.parametrize("row", [r if r in QUICK else pytest.param(r, marks=pytest.mark.slow)
+                                 for r in ROWS if r not in UNCOUNTED])
 def test_the_count_of_a_loop_free_step_matches_xla(row):
     analytic, xla = step_flops(config(*loop_free(row)))["total"], xla_flops(*loop_free(row))
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{row}: analytic {analytic:.4g}, XLA {xla:.4g}"
+
+
+@pytest.mark.parametrize("row", sorted(UNCOUNTED))
+def test_a_row_without_a_count_is_refused_not_counted_as_zero(row):
+    with pytest.raises(NotImplementedError, match=f"mixer '{row}' has no FLOP count"):
+        step_flops(config(f"mixer={row}"))
 
 
 # the options of mixer=softmax and post-norm, in two sets that together hold every option once
@@ -122,7 +131,7 @@ def test_the_count_of_a_vector_task_matches_xla():
     assert step_flops(config(*overrides))["total"] == pytest.approx(xla_flops(*overrides), rel=TOLERANCE)
 
 
-@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("row", sorted(set(ROWS) - UNCOUNTED))
 def test_everything_but_the_optimizer_doubles_with_the_batch(row):
     one, two = (step_flops(config(*loop_free(row), f"train.batch_size={b}")) for b in (64, 128))
     assert two["total"] - two["optimizer"] == 2 * (one["total"] - one["optimizer"])

@@ -11,7 +11,9 @@ from tmem.mixers.base import Mixer, MixerConfig, MixerState
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.mixers.hopfield import Hopfield, HopfieldConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
+from tmem.mixers.mesa import Mesa, MesaConfig
 from tmem.mixers.none import NoMixer, NoneConfig
+from tmem.mixers.ttt import TTTConfig, TTTLinear
 
 
 class Row(NamedTuple):
@@ -33,6 +35,8 @@ MIXERS: dict[str, Row] = {
     "mamba2": FAST_WEIGHT,
     "deltanet": FAST_WEIGHT,
     "gated_deltanet": FAST_WEIGHT,
+    "mesa": Row(MesaConfig, Mesa),  # online ridge regression: the optimiser "solve" (MesaNet)
+    "ttt_linear": Row(TTTConfig, TTTLinear),  # mini-batch gradient steps on x + LN(x W + b) (TTT-Linear)
     "none": Row(NoneConfig, NoMixer),  # no mixing: each position alone (the slow memory's one-block model)
 }
 

@@ -1,0 +1,103 @@
+"""The mesa memory (tmem/memory/mesa.py): the training form equals the definition, which is the ridge solution."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import fast_jit
+from tmem.memory import mesa
+from tmem.memory.stores import rls_init, rls_writes
+
+B, H, DK, DV = 2, 2, 4, 3
+T = 13  # no chunk size used below divides it
+FULL = jax.lax.Precision.HIGHEST
+
+
+def rel_err(a, b):
+    return float(jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel()))
+
+
+def inputs(seed=0, with_state=True):
+    ks = jax.random.split(jax.random.key(seed), 8)
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731  the layer's L2-normed q, k
+    state = None
+    if with_state:  # a state the layer could have made: H from earlier unit keys, so H + Lambda stays well posed
+        k0 = unit(jax.random.normal(ks[6], (B, H, 5, DK)))
+        state = (jnp.einsum("bhik,bhil->bhkl", k0, k0), jax.random.normal(ks[7], (B, H, DK, DV)))
+    return dict(q=unit(jax.random.normal(ks[0], (B, T, H, DK))), k=unit(jax.random.normal(ks[1], (B, T, H, DK))),
+                v=jax.random.normal(ks[2], (B, T, H, DV)),
+                log_a=jax.nn.log_sigmoid(2 + jax.random.normal(ks[3], (B, T, H))),
+                beta=jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H))),
+                lam=0.25 + jax.nn.softplus(jax.random.normal(ks[5], (H, DK))), state=state)
+
+
+@partial(fast_jit, static_argnums=0, static_argnames=("solver", "cg_steps", "chunk"))
+def value_and_grads(form, x, **kw):
+    """(o, (H, G)) and the gradients of a random projection of all three w.r.t. every input."""
+    names = [n for n in x if x[n] is not None]
+    do = jax.random.normal(jax.random.key(7), (B, T, H, DV))
+    dH, dG = jax.random.normal(jax.random.key(8), (B, H, DK, DK)), jax.random.normal(jax.random.key(9), (B, H, DK, DV))
+
+    def loss(*args):
+        o, (Hs, Gs) = form(**dict(x, **dict(zip(names, args))), precision=FULL, **kw)
+        return jnp.sum(o * do) + jnp.sum(Hs * dH) + jnp.sum(Gs * dG), (o, Hs, Gs)
+
+    grads, out = jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
+    return out, dict(zip(names, jax.tree.leaves(grads)))
+
+
+@pytest.mark.parametrize("solver, chunk, with_state", [("cg", 64, True), ("cg", 4, False), ("cholesky", 6, True)])
+def test_the_training_form_equals_the_definition_outputs_state_and_gradients(solver, chunk, with_state):
+    """CG with 3 d_k steps (d_k suffice in exact arithmetic) and the Cholesky solve against the token loop's
+    exact solve: one chunk (the masked quadratic form, no loop) and chunks of 4 and 6 with the state passed."""
+    x = inputs(with_state=with_state)
+    ref, g_ref = value_and_grads(mesa.recurrent, x)
+    out, g = value_and_grads(mesa.parallel, x, solver=solver, cg_steps=3 * DK, chunk=chunk)
+    for a, b in zip(out, ref):
+        assert rel_err(a, b) <= 1e-5
+    for name in g_ref:
+        assert rel_err(g[name], g_ref[name]) <= 1e-5, name
+
+
+def test_a_few_cg_steps_are_not_the_solve():
+    """The comparison above can fail: one CG step from the Jacobi guess leaves an error far above 1e-5."""
+    x = inputs()
+    (o_ref, *_), _ = value_and_grads(mesa.recurrent, x)
+    (o, *_), _ = value_and_grads(mesa.parallel, x, solver="cg", cg_steps=1, chunk=64)
+    assert rel_err(o, o_ref) > 1e-3
+
+
+def test_reads_at_positions_equal_the_definitions_rows():
+    x = inputs()
+    read_at = jnp.array([[0, 12, 5], [7, 7, 3]])
+    o_ref, S_ref = mesa.recurrent(**x, precision=FULL)
+    for solver in mesa.SOLVERS:
+        o, S = mesa.parallel(**x, solver=solver, cg_steps=12, chunk=4, read_at=read_at, precision=FULL)
+        assert rel_err(o, jnp.take_along_axis(o_ref, read_at[:, :, None, None], axis=1)) <= 1e-5
+        assert all(rel_err(a, b) <= 1e-5 for a, b in zip(S, S_ref))
+
+
+def test_the_definition_is_the_gamma_weighted_ridge_solution_of_each_prefix():
+    """o_t = W_t q_t with W_t = argmin sum_{i<=t} gamma_i^(t) ||v_i - W k_i||^2 + sum_c lambda_c ||W e_c||^2,
+    gamma_i^(t) = beta_i prod_{i<j<=t} a_j, solved in float64 from the weights themselves."""
+    x = inputs(with_state=False)
+    o, _ = mesa.recurrent(**x, precision=FULL)
+    q, k, v, log_a, beta, lam = (np.asarray(x[n], np.float64) for n in ("q", "k", "v", "log_a", "beta", "lam"))
+    for b, h, t in [(0, 0, 0), (1, 1, 6), (0, 1, 12)]:
+        gamma = beta[b, : t + 1, h] * np.exp([log_a[b, i + 1: t + 1, h].sum() for i in range(t + 1)])
+        K, V = k[b, : t + 1, h], v[b, : t + 1, h]
+        W = np.linalg.solve(K.T @ (gamma[:, None] * K) + np.diag(lam[h]), K.T @ (gamma[:, None] * V)).T
+        np.testing.assert_allclose(o[b, t, h], W @ q[b, t, h], rtol=1e-5, atol=1e-6)
+
+
+def test_with_every_gate_open_it_is_recursive_least_squares():
+    """a = beta = 1 and one lambda for all channels: the Sherman-Morrison recursion of D5 (tmem.memory.stores)."""
+    x = inputs(with_state=False)
+    x.update(log_a=jnp.zeros((B, T, H)), beta=jnp.ones((B, T, H)), lam=jnp.full((H, DK), 0.7))
+    o, _ = mesa.recurrent(**x, precision=FULL)
+    for t in (0, 3, 12):
+        S, _ = rls_writes(rls_init(DK, DV, ridge=0.7), x["k"][0, : t + 1, 1], x["v"][0, : t + 1, 1])
+        np.testing.assert_allclose(o[0, t, 1], S.T @ x["q"][0, t, 1], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,236 @@
+"""The mesa layer's memory (MesaNet): online ridge regression, solved afresh at every token.
+
+The optimiser knob of the test-time-regression table set to "solve". After
+token t the memory is the minimiser of
+
+    sum_{i<=t} gamma_i^(t) ||v_i - W k_i||^2 + ||W Lambda^(1/2)||^2,   gamma_i^(t) = beta_i a_{i+1} ... a_t,
+
+with data-dependent gates a_t, beta_t in (0, 1) and a fixed (undecayed)
+Lambda = diag(lambda) > 0. Its read needs only two gated sums, each a
+linear-attention state (key-major, as tmem.memory.linear_state):
+
+    H_t = a_t H_{t-1} + beta_t k_t k_t^T    [d_k x d_k]
+    G_t = a_t G_{t-1} + beta_t k_t v_t^T    [d_k x d_v]
+    o_t = G_t^T (H_t + Lambda)^{-1} q_t.
+
+`recurrent` is the definition and the oracle: the token loop with an exact
+solve (LU, jnp.linalg.solve) at every token. Because Lambda is not decayed
+with the sums, there is no rank-one recursion for (H_t + Lambda)^{-1}; the
+Sherman-Morrison recursion of Derivation D5 holds only with every gate open
+(a = beta = 1), where the read is recursive least squares (a test checks that).
+
+`parallel` is the training form (MesaNet's): H_t for every t computed at once
+(masked matmuls inside chunks, the state passed between chunks; at T <= chunk
+the masked quadratic form with no loop), then the T systems solved side by
+side, with a fixed number of conjugate-gradient steps (MesaNet's solver) or a
+batched Cholesky factorisation, and G read by the chunked linear-attention
+form with the solved x_t as queries. The conjugate-gradient solve is
+differentiated implicitly: its backward solves the adjoint system (the same
+matrix, symmetric) with the same number of steps, so no iterate is stored.
+
+Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
+log_a and beta [B, T, H] (a scalar gate per head), lam [H, d_k] (positive),
+state None or (H [B, H, d_k, d_k], G [B, H, d_k, d_v]). Math in float32;
+`precision` is that of the matmuls (the oracle tests pass HIGHEST).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
+
+from tmem.memory.chunked import chunked
+
+SOLVERS = ("cg", "cholesky")
+
+
+def _f32(x):
+    return None if x is None else jnp.asarray(x, jnp.float32)
+
+
+def _ridge(H, lam):
+    """H + Lambda: H [B, T or none, H, d, d] or [B, H, d, d], lam [H, d] on the diagonal."""
+    d = lam.shape[-1]
+    return H + (lam[..., :, None] * jnp.eye(d, dtype=H.dtype)[None]).reshape((1,) * (H.ndim - 3) + (-1, d, d))
+
+
+def recurrent(q, k, v, *, log_a, beta, lam, state=None, precision=None):
+    """The definition: one token at a time, the sums updated and the ridge system solved exactly.
+
+    Returns o [B, T, H, d_v] and the final state (H, G).
+    """
+    out_dtype = v.dtype
+    q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
+    B, T, Hh, dk = k.shape
+    if state is None:
+        state = (jnp.zeros((B, Hh, dk, dk), jnp.float32), jnp.zeros((B, Hh, dk, v.shape[-1]), jnp.float32))
+    einsum = partial(jnp.einsum, precision=precision)
+
+    def step(carry, x):
+        H, G = carry
+        q_t, k_t, v_t, g_t, b_t = x  # [B, H, d], gates [B, H]
+        a, b = jnp.exp(g_t)[..., None, None], b_t[..., None, None]
+        H = a * H + b * einsum("bhk,bhl->bhkl", k_t, k_t)
+        G = a * G + b * einsum("bhk,bhv->bhkv", k_t, v_t)
+        x_t = jnp.linalg.solve(_ridge(H, lam), q_t[..., None])[..., 0]
+        return (H, G), einsum("bhkv,bhk->bhv", G, x_t)
+
+    time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
+    final, o = jax.lax.scan(step, tuple(map(_f32, state)), tuple(map(time_major, (q, k, v, log_a, beta))))
+    return time_major(o).astype(out_dtype), final
+
+
+def prefix_sums(k, u, log_a, beta, state=None, chunk: int = 64, precision=None):
+    """S_t = a_t S_{t-1} + beta_t k_t u_t^T at every t: [B, T, H, d_k, d_u], and S_T.
+
+    Inside a chunk, with b_t the chunk-local cumulative log decay and S the
+    state entering it, S_t = e^{b_t} S + sum_{j<=t} e^{b_t - b_j} beta_j k_j u_j^T:
+    one masked matmul of the C x C decay matrix with the chunk's outer products.
+    Only the chunk-entry states pass from chunk to chunk (a scan over T / C).
+    """
+    einsum = partial(jnp.einsum, precision=precision)
+    B, T, Hh, dk = k.shape
+    du = u.shape[-1]
+    N = math.ceil(T / chunk)
+    C = chunk if N > 1 else T
+    pad = N * C - T
+
+    def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]; padding writes nothing (beta = 0, no decay)
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape(B, N, C, Hh, *x.shape[3:]), (1, 3), (0, 2))
+
+    k_c, u_c, g, b = map(chunks, (k, u, log_a, beta))
+    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
+    causal = jnp.tril(jnp.ones((1, 1, 1, C, C), bool))  # masked before exp: no overflow, no NaN gradient
+    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)) * b[..., None, :]
+    within = einsum("...tj,...jk,...ju->...tku", decay, k_c, u_c)  # [N, B, H, C, d_k, d_u]
+    if state is None and N == 1:
+        S_t, final = within, within[0, :, :, -1]
+    else:
+        S0 = jnp.zeros((B, Hh, dk, du), jnp.float32) if state is None else state
+        to_end = jnp.exp(cum[..., -1:] - cum) * b
+        writes = einsum("...j,...jk,...ju->...ku", to_end, k_c, u_c)
+        across = jnp.exp(cum[..., -1])[..., None, None]
+
+        def pass_state(S, x):
+            write, a = x
+            return a * S + write, S
+
+        final, S_in = jax.lax.scan(pass_state, S0, (writes, across))
+        S_t = jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within
+    S_t = jnp.moveaxis(S_t, (0, 2), (1, 3)).reshape(B, N * C, Hh, dk, du)[:, :T]
+    return S_t, final
+
+
+def _safe_div(num, den):
+    ok = den > 0
+    return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
+
+
+def _cg(A, b, steps: int, precision=None):
+    """`steps` conjugate-gradient iterations on A x = b (A symmetric positive definite, [..., d, d]), started at
+    the Jacobi guess b / diag(A). A converged residual stays put: zero steps, not 0 / 0."""
+    matvec = lambda M, x: jnp.einsum("...kl,...l->...k", M, x, precision=precision)  # noqa: E731
+    dot = lambda x, y: jnp.sum(x * y, axis=-1, keepdims=True)  # noqa: E731
+    x = b / jnp.diagonal(A, axis1=-2, axis2=-1)
+    r = b - matvec(A, x)
+    p, rr = r, dot(r, r)
+
+    def step(carry, _):
+        x, r, p, rr = carry
+        Ap = matvec(A, p)
+        alpha = _safe_div(rr, dot(p, Ap))
+        x, r = x + alpha * p, r - alpha * Ap
+        rr_new = dot(r, r)
+        p = r + _safe_div(rr_new, rr) * p
+        return (x, r, p, rr_new), None
+
+    return jax.lax.scan(step, (x, r, p, rr), None, length=steps)[0][0]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def cg_solve(A, b, steps: int, precision=None):
+    """x ~ A^{-1} b by `steps` conjugate-gradient iterations; A [..., d, d] symmetric positive definite, b [..., d].
+
+    Differentiated as the solve it approximates (implicit differentiation):
+    db = A^{-1} dx and dA = -db x^T, with A^{-1} dx by the same CG steps.
+    Equal to the exact solve's gradient once CG has converged.
+    """
+    return _cg(A, b, steps, precision)
+
+
+def _cg_fwd(A, b, steps, precision):
+    x = _cg(A, b, steps, precision)
+    return x, (A, x)
+
+
+def _cg_bwd(steps, precision, residuals, dx):
+    A, x = residuals
+    db = _cg(A, dx, steps, precision)
+    return -db[..., :, None] * x[..., None, :], db
+
+
+cg_solve.defvjp(_cg_fwd, _cg_bwd)
+
+
+def _cholesky(A, b):
+    L = jnp.linalg.cholesky(A)
+    return _cholesky_apply(L, b), L
+
+
+def _cholesky_apply(L, b):
+    y = solve_triangular(L, b[..., None], lower=True)
+    return solve_triangular(L, y, lower=True, trans="T")[..., 0]
+
+
+@jax.custom_vjp
+def cholesky_solve(A, b):
+    """A^{-1} b by a batched Cholesky factorisation A = L L^T and two triangular solves.
+
+    Differentiated as the solve, like cg_solve (db = A^{-1} dx, dA = -db x^T): autodiff through the
+    factorisation would see only A's lower triangle and hand a state H a symmetrised gradient.
+    """
+    return _cholesky(A, b)[0]
+
+
+def _cholesky_fwd(A, b):
+    x, L = _cholesky(A, b)
+    return x, (L, x)
+
+
+def _cholesky_bwd(residuals, dx):
+    L, x = residuals
+    db = _cholesky_apply(L, dx)
+    return -db[..., :, None] * x[..., None, :], db
+
+
+cholesky_solve.defvjp(_cholesky_fwd, _cholesky_bwd)
+
+
+def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_steps: int = 30, chunk: int = 64,
+             read_at=None, precision=None):
+    """Same inputs and outputs as `recurrent`; equal to it once the solver has converged.
+
+    solver: cg (cg_steps iterations, MesaNet's) | cholesky (exact, for small d_k).
+    read_at [B, Q]: read only after these tokens, o [B, Q, H, d_v]; every token is still written.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"solver={solver!r} is not one of: {', '.join(SOLVERS)}")
+    out_dtype = v.dtype
+    q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
+    H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
+    H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
+    if read_at is not None:  # solve only where the layer reads
+        H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
+        q = jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
+    A = _ridge(H_t, lam)
+    x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)
+    if read_at is not None:  # back in place for the chunked read, which takes the rows at read_at
+        x = jnp.zeros(k.shape, x.dtype).at[jnp.arange(k.shape[0])[:, None], read_at].set(x)
+    o, G_T = chunked(x, k, v, log_a=log_a[..., None], beta=beta, state=G0, chunk=chunk, read_at=read_at,
+                     precision=precision)
+    return o.astype(out_dtype), (H_T, G_T)

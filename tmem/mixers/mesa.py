@@ -1,0 +1,131 @@
+"""The mesa row (MesaNet): the optimiser "solve" of the test-time-regression table.
+
+Each head keeps two gated sums, H_t = sum_i gamma_i^(t) k_i k_i^T and
+G_t = sum_i gamma_i^(t) v_i k_i^T, and reads the ridge regression of the
+values on the keys, o_t = G_t (H_t + Lambda)^{-1} q_t, at every token
+(tmem/memory/mesa.py). The layer around it is MesaNet's as fla writes it
+(anchors/mixers.md 4.3): q, k, v projections without bias; a short causal
+convolution with SiLU on q and k (not v); unit (L2-normalised) q and k, no q
+scale; forget gate a_t = sigmoid(W_a x + b_a) and input gate
+beta_t = sigmoid(W_b x + b_b), one per head; Lambda = softplus(p) + 0.25 per
+head and key channel, started at 1 and never decayed; an RMSNorm of each
+head's read (optionally gated) and the output map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from tmem.layers import ShortConv, short_conv
+from tmem.memory import mesa
+from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+
+FORMS = ("parallel", "recurrent")
+
+
+@dataclasses.dataclass(frozen=True)
+class MesaConfig(MixerConfig):
+    name: str = "mesa"
+    lr: float | None = 1e-2
+    heads: int = 4
+    form: str = "parallel"  # parallel (training: all H_t at once, T solves side by side) | recurrent (the definition)
+    solver: str = "cg"  # the parallel form's: cg (MesaNet's, cg_steps iterations) | cholesky (exact)
+    cg_steps: int = 30  # MesaNet's training default (fla's max_cg_step_training)
+    chunk: int = 64  # tokens per chunk of the sums; a sequence that fits in one is the masked quadratic form
+    short_conv: int = 4  # kernel of the causal convolution (with SiLU) on q and k; 0 for none
+    lambda_floor: float = 0.25  # Lambda = softplus(p) + lambda_floor > lambda_floor: the system stays well posed
+    lambda_init: float = 1.0
+    output_gate: bool = False  # RMSNorm(o) * act(W_g x), fla's use_output_gate
+    gate_activation: str = "silu"
+
+    def check(self, width: int) -> None:
+        for field, allowed in (("form", FORMS), ("solver", mesa.SOLVERS), ("gate_activation", tuple(GATE_ACTIVATIONS))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
+        if self.heads < 1 or width % self.heads:
+            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        for field in ("cg_steps", "chunk"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"mixer.{field}={getattr(self, field)} must be positive")
+        if self.short_conv < 0:
+            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        if self.lambda_floor <= 0:
+            raise ValueError(f"mixer.lambda_floor={self.lambda_floor} must be positive: it keeps the solve posed")
+        if self.lambda_init <= self.lambda_floor:
+            raise ValueError(f"mixer.lambda_init={self.lambda_init} must exceed mixer.lambda_floor={self.lambda_floor}")
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
+        d = width // self.heads
+        return self.heads * 2 * d * d + max(self.short_conv - 1, 0) * 2 * width
+
+
+@struct.dataclass
+class MesaState(MixerState):
+    """The sums H [B, H, d_k, d_k] and G [B, H, d_k, d_v], and the convolutions' last inputs."""
+
+    H: jax.Array
+    G: jax.Array
+    conv: jax.Array | None  # [B, K-1, q and k channels side by side]
+
+
+def _l2_normalize(x):
+    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+class Mesa(Mixer):
+    """A mesa layer: write every token into H and G, read the ridge solution with the queries.
+
+    The final sums are sown as the `state` intermediate.
+    """
+
+    def __init__(self, cfg: MesaConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
+        del rope  # positions come from the convolution and the forget gate
+        self.cfg = cfg
+        H, self.d = cfg.heads, width // cfg.heads
+        linear = lambda n_out, bias=False: nnx.Linear(width, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
+        self.q, self.k, self.v = linear(width), linear(width), linear(width)
+        self.forget, self.write = linear(H, bias=True), linear(H, bias=True)  # fla's a_proj, b_proj
+        if cfg.short_conv:
+            self.conv_q, self.conv_k = (ShortConv(width, cfg.short_conv, rngs=rngs) for _ in range(2))
+        p = math.log(math.expm1(cfg.lambda_init - cfg.lambda_floor))  # softplus(p) + floor = lambda_init
+        self.lambda_param = nnx.Param(jnp.full((H, self.d), p))
+        self.norm = nnx.RMSNorm(self.d, epsilon=1e-5, rngs=rngs)
+        if cfg.output_gate:
+            self.gate = linear(width)
+        self.out = linear(width)
+
+    def __call__(self, x_btd, *, state: MesaState | None = None, head_mask=None, read_at=None, qk_positions=None):
+        """The protocol's call (tmem.mixers.base.Mixer)."""
+        del qk_positions  # validation gives it only to rows that take it
+        cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
+        q, k, v = self.q(x_btd), self.k(x_btd), self.v(x_btd)
+        tail = None
+        if cfg.short_conv:  # the two filters as one, over q and k side by side
+            kernel = jnp.concatenate([self.conv_q.kernel[...], self.conv_k.kernel[...]], axis=1)
+            qk, tail = short_conv(jnp.concatenate([q, k], -1), kernel, None if state is None else state.conv)
+            q, k = jnp.split(jax.nn.silu(qk), 2, axis=-1)
+        q, k = (_l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
+        v = v.reshape(B, T, H, self.d)
+        log_a = jax.nn.log_sigmoid(self.forget(x_btd))
+        beta = jax.nn.sigmoid(self.write(x_btd))
+        lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
+        kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
+        if cfg.form == "parallel":
+            o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.cg_steps, chunk=cfg.chunk,
+                                        read_at=read_at, **kwargs)
+        else:
+            o, (Hs, Gs) = mesa.recurrent(q, k, v, **kwargs)
+            o = at_positions(o, read_at)
+        self.sow(nnx.Intermediate, "state", (Hs, Gs), capture_noop=True)
+        o = self.norm(o)
+        if cfg.output_gate:
+            o = o * GATE_ACTIVATIONS[cfg.gate_activation](at_positions(self.gate(x_btd), read_at)).reshape(o.shape)
+        o = mask_heads(o, head_mask)
+        length = T + (0 if state is None else state.length)
+        return self.out(o.reshape(B, -1, D)), MesaState(Hs, Gs, tail, length=length)

@@ -1,0 +1,137 @@
+"""The ttt_linear row: test-time training of a linear inner model by mini-batch gradient steps (Sun et al. 2024).
+
+The memory (tmem/memory/ttt.py) is the inner model f(x) = x + LN(x W + b)
+per head, trained inside the forward pass on the loss
+1/2 ||LN(k W + b) - (v - k)||^2 with a mini-batch of `mini_batch` tokens per
+step and a learned per-token rate. The layer follows the official JAX code
+(test-time-training/ttt-lm-jax, TTTLinear; anchors/mixers.md 4.1):
+
+* q and k share one projection, each with its own causal depthwise
+  convolution (kernel 4, with a bias, no activation); v its own projection;
+  no q scale;
+* RoPE on q and k at the position within the mini-batch (official: position
+  modulo the mini-batch size; here tmem's rotate-half pairing, a fixed
+  permutation of the official's adjacent pairs);
+* the rate lr_j = base_lr sigmoid(w_h . x_j + c_h) / d per head, and the
+  reading position's factor max(0, 1/(i+1) + offset_i), offsets learned from 0;
+* the initial weights W_0 ~ N(0, 0.02), b_0 = 0 and the inner LayerNorm's
+  scale and bias (per head, from 1 and 0) are slow weights, learned by the
+  outer loop and never changed by the inner one;
+* the read is LayerNormed over the width, gated by GELU(W_g x) (tanh form),
+  and mapped out.
+
+Where fla's TTT differs (one rate per reading position, eta_ij = eta_i, the
+mini-batch closing with the last token's; q scaled by d^-1/2), this follows
+the original. The projections use tmem's default initialisation (the
+official draws them from N(0, 0.02)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from tmem.layers import ShortConv, rope
+from tmem.memory import ttt
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+
+FORMS = ("dual", "recurrent")
+INIT_STD = 0.02  # the official initializer_range, for W_0 and the rate's weights
+
+
+@dataclasses.dataclass(frozen=True)
+class TTTConfig(MixerConfig):
+    name: str = "ttt_linear"
+    lr: float | None = 1e-2
+    heads: int = 4
+    mini_batch: int = 16  # b: tokens whose gradients are taken at the same starting weights (official: 16)
+    base_lr: float = 1.0  # the inner rate's scale (official: 1.0 for TTT-Linear)
+    form: str = "dual"  # dual (training: masked matmuls within a mini-batch) | recurrent (the definition)
+    short_conv: int = 4  # kernel of the convolutions on q and k (official conv_width 4); 0 for none
+    rope: bool = True  # RoPE on q and k at the position within the mini-batch
+
+    def check(self, width: int) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"mixer.form={self.form!r} is not one of: {', '.join(FORMS)}")
+        if self.heads < 1 or width % self.heads:
+            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        if self.rope and (width // self.heads) % 2:
+            raise ValueError(f"mixer.rope needs an even head width, not {width // self.heads}; set mixer.rope=false")
+        if self.mini_batch < 1:
+            raise ValueError(f"mixer.mini_batch={self.mini_batch} must be positive")
+        if self.base_lr <= 0:
+            raise ValueError(f"mixer.base_lr={self.base_lr} must be positive")
+        if self.short_conv < 0:
+            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        """W, b and the open mini-batch's sums dW, db per head, and the convolution's window."""
+        d = width // self.heads
+        return self.heads * 2 * (d * d + d) + max(self.short_conv - 1, 0) * width
+
+
+@struct.dataclass
+class TTTState(MixerState):
+    """The open mini-batch's starting weights W [B, H, d, d], b [B, H, d], its rate-weighted gradient sums
+    dW, db, and the convolution's last inputs. `length % mini_batch` is where in the mini-batch it stopped."""
+
+    W: jax.Array
+    b: jax.Array
+    dW: jax.Array
+    db: jax.Array
+    conv: jax.Array | None
+
+
+class TTTLinear(Mixer):
+    """A TTT-Linear layer; the final state is sown as the `state` intermediate."""
+
+    def __init__(self, cfg: TTTConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
+        del rope  # the layer's own RoPE, within the mini-batch (cfg.rope)
+        self.cfg = cfg
+        H, self.d = cfg.heads, width // cfg.heads
+        linear = lambda n_out: nnx.Linear(width, n_out, use_bias=False, rngs=rngs)  # noqa: E731
+        self.qk, self.v, self.gate, self.out = linear(width), linear(width), linear(width), linear(width)
+        if cfg.short_conv:
+            self.conv_q, self.conv_k = (ShortConv(width, cfg.short_conv, bias=True, rngs=rngs) for _ in range(2))
+        normal = lambda shape: INIT_STD * jax.random.normal(rngs.params(), shape)  # noqa: E731
+        self.W0, self.b0 = nnx.Param(normal((H, self.d, self.d))), nnx.Param(jnp.zeros((H, self.d)))
+        self.ttt_scale, self.ttt_bias = nnx.Param(jnp.ones((H, self.d))), nnx.Param(jnp.zeros((H, self.d)))
+        self.lr_kernel, self.lr_bias = nnx.Param(normal((width, H))), nnx.Param(jnp.zeros((H,)))
+        self.token_offset = nnx.Param(jnp.zeros((cfg.mini_batch,)))
+        self.post_norm = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
+
+    def initial_state(self, B: int):
+        H, d = self.cfg.heads, self.d
+        W = jnp.broadcast_to(self.W0[...][None], (B, H, d, d))
+        b = jnp.broadcast_to(self.b0[...][None], (B, H, d))
+        return W, b, jnp.zeros((B, H, d, d)), jnp.zeros((B, H, d))
+
+    def __call__(self, x_btd, *, state: TTTState | None = None, head_mask=None, read_at=None, qk_positions=None):
+        """The protocol's call (tmem.mixers.base.Mixer)."""
+        del qk_positions
+        cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
+        start = 0 if state is None else state.length
+        xqk, v = self.qk(x_btd), self.v(x_btd)
+        q = k = xqk
+        tail = None
+        if cfg.short_conv:  # two filters over the one shared projection: one tail serves both
+            prev = None if state is None else state.conv
+            q, tail = self.conv_q(xqk, prev)
+            k, _ = self.conv_k(xqk, prev)
+        q, k, v = (y.reshape(B, T, H, self.d) for y in (q, k, v))
+        if cfg.rope:
+            place = (start + jnp.arange(T)) % cfg.mini_batch
+            q, k = rope(q, place), rope(k, place)
+        lr = cfg.base_lr * jax.nn.sigmoid(x_btd @ self.lr_kernel[...] + self.lr_bias[...][None, None]) / self.d
+        token_lr = jnp.maximum(1.0 / jnp.arange(1, cfg.mini_batch + 1) + self.token_offset[...], 0.0)
+        memory = self.initial_state(B) if state is None else (state.W, state.b, state.dW, state.db)
+        form = ttt.dual if cfg.form == "dual" else ttt.recurrent
+        o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=self.ttt_scale[...], ln_bias=self.ttt_bias[...],
+                         state=memory, mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
+        self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
+        o = mask_heads(at_positions(o, read_at), head_mask).reshape(B, -1, D)
+        o = self.post_norm(o) * jax.nn.gelu(at_positions(self.gate(x_btd), read_at), approximate=True)
+        return self.out(o), TTTState(*memory, tail, length=start + T)
