@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tmem.config import ConfigError, validate
 from tmem.train import rundir
+from tmem.train.cluster import process_id, start
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -23,7 +24,8 @@ def main(cfg: DictConfig) -> dict:
     run_dir, resolved = hydra_cfg.runtime.output_dir, OmegaConf.to_container(cfg, resolve=True)
     try:
         config = validate(cfg)
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # a job of a sweep whose directory `rundir.prepare` claimed
+        primary = process_id(config.cluster) == 0  # of a multi-process run, only rank 0 claims and records it
+        if hydra_cfg.mode == RunMode.MULTIRUN and primary:  # a job of a sweep whose directory `prepare` claimed
             if config.train.resume and rundir.holds_run(run_dir):
                 rundir.check_resume(run_dir, resolved)
             else:
@@ -33,9 +35,15 @@ def main(cfg: DictConfig) -> dict:
 
     from tmem.train.checkpoint import CheckpointError  # after validation: orbax loads slowly
     from tmem.train.loop import TrainingDiverged, run
+    from tmem.train.tracking import sweep_job
 
     try:
-        summary = run(config, run_dir, resolved)
+        start(config.cluster)  # jax.distributed.initialize for cluster=multihost, before any backend starts
+        summary = run(config, run_dir, resolved, sweep=sweep_job(hydra_cfg))
+    except ConfigError as e:  # one the config cannot know before it sees the devices: a batch they do not divide
+        if primary:
+            rundir.release(run_dir)  # nothing trained: a fresh run's directory goes, a resumed one stays as it was
+        sys.exit(f"config error: {e}")
     except (TrainingDiverged, CheckpointError) as e:
         sys.exit(f"error: {e}")
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.startswith("eval/"))

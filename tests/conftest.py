@@ -107,3 +107,33 @@ def tiny_repeat_run(tmp_path_factory) -> Path:
     cfg = compose_config(TINY_REPEAT)
     run(validate(cfg), run_dir, OmegaConf.to_container(cfg, resolve=True))
     return run_dir
+
+
+def wandb_run(run_dir: Path) -> dict:
+    """The run record of the one offline wandb run under `run_dir`: its group, name and config.
+
+    Read from the run's .wandb file (a leveldb-style log of protobuf records,
+    the first `run` record holding what wandb.init was given), so a test sees
+    what `wandb sync` would upload.
+    """
+    import json
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    data, pos, block, pieces = path.read_bytes(), 7, 32768, b""  # 7: the file's own header
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a record header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pieces += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(pieces)
+            pieces = b""
+            if record.WhichOneof("record_type") == "run":
+                return {"group": record.run.run_group, "name": record.run.display_name,
+                        "config": {i.key: json.loads(i.value_json) for i in record.run.config.update}}
+    raise AssertionError(f"{path} holds no run record")

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, run_entry
+from conftest import ROOT, TINY, run_entry, wandb_run
 
 
 def test_train_writes_everything_a_run_directory_holds(tmp_path):
@@ -26,7 +26,10 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
     assert summary["wandb_dir"] == str(runs[0].parent)
-    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy="):
+    record = wandb_run(tmp_path)  # a single run is its own group, its config the run's (a sweep's job adds more)
+    assert record["group"] == tmp_path.name and "multirun" not in record["config"]
+    assert record["config"]["model"]["width"] == 16
+    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", "mesh: 1 cpu device"):
         assert line in done.stdout
 
 

@@ -175,6 +175,20 @@ def test_a_run_directory_is_claimed_once(tmp_path):
         rundir.lock(run)
 
 
+def test_a_claim_whose_run_never_started_is_given_back_and_a_run_is_not(tmp_path, finished_run):
+    run = tmp_path / "refused"
+    rundir.prepare([*TINY, f"hydra.run.dir={run}"])
+    (run / ".hydra").mkdir()
+    for name in (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log"):
+        (run / name).write_text("written by Hydra before the devices refused the batch")
+    rundir.release(run)
+    assert not run.exists()
+    rundir.prepare([*TINY, f"hydra.run.dir={run}"])  # free again
+    before = snapshot(finished_run)
+    rundir.release(finished_run)  # it holds checkpoints and a summary
+    assert snapshot(finished_run) == before
+
+
 def test_two_commands_in_one_second_get_two_default_directories(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pinned = lambda: rundir.prepare([*TINY, "hydra.run.dir=outputs/same"])[-1]  # noqa: E731

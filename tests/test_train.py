@@ -37,8 +37,9 @@ def test_summary_fields(tiny_cfg, tmp_path):
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == summary
     for key in ("eval/accuracy", "eval/loss", "steps", "wall_seconds", "target_step", "target_seconds",
-                "parameters", "state_size", "state_size_per_token", "checkpoint_dir", "wandb_dir"):
+                "parameters", "devices", "state_size", "state_size_per_token", "checkpoint_dir", "wandb_dir"):
         assert key in summary
+    assert summary["devices"] == jax.device_count() == 1  # tests/test_mesh.py trains on two, in a process of its own
     assert summary["state_size"] == 2 * 16 * 16 * 2  # keys and values, width 16, T 16, 2 layers
     assert summary["parameters"] == sum(x.size for x in jax.tree.leaves(params_of(tmp_path)[1]))
 

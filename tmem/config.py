@@ -133,6 +133,31 @@ class LoggerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """How many processes (hosts) train one run; see tmem/train/cluster.py.
+
+    Not part of the run itself: a resume may change it (checkpoints restore
+    under any device layout).
+    """
+
+    # call jax.distributed.initialize before JAX starts; the fields below left null are found from the
+    # environment as JAX's own cluster detection finds them (SLURM, Open MPI, Cloud TPU)
+    initialize: bool = False
+    coordinator: str | None = None  # host:port where process 0 serves the other processes' rendezvous
+    processes: int | None = None  # how many processes train the run
+    process_id: int | None = None  # this process's rank, 0 to processes - 1
+    timeout: int = 300  # seconds to wait for every process to join
+
+    def __post_init__(self):
+        _positive(**{"cluster.processes": self.processes, "cluster.timeout": self.timeout})
+        if self.process_id is not None and not 0 <= self.process_id < (self.processes or self.process_id + 1):
+            raise ValueError(f"cluster.process_id={self.process_id} must be in 0..cluster.processes-1"
+                             f" ({self.processes} processes)")
+        if self.coordinator is not None and ":" not in self.coordinator:
+            raise ValueError(f"cluster.coordinator={self.coordinator!r} must be host:port")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
     steps: int = 5000
@@ -188,6 +213,7 @@ class Config:
     logger: LoggerConfig
     train: TrainConfig
     name: str | None = None
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)  # absent from runs made before it
 
 
 _FIXED = {"model": ModelConfig, "mlp": MLPConfig, "optim": OptimConfig, "logger": LoggerConfig,
@@ -237,7 +263,8 @@ def validate(cfg: DictConfig) -> Config:
         if mixer.lr is None:
             raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
         fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
-    config = Config(task=task, mixer=mixer, name=cfg.get("name"), **fixed)
+    cluster = parse_group("cluster", ClusterConfig, cfg.cluster) if "cluster" in cfg else ClusterConfig()
+    config = Config(task=task, mixer=mixer, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)
     return dataclasses.replace(config, model=resolve_auto(config.model, mixer, task))
 
@@ -284,13 +311,14 @@ def register_bases() -> None:
         store.store(group="task", name=f"base_{name}", node={"name": name, **node(schema)})
     for group in ("model", "mlp", "optim", "logger"):
         store.store(group=group, name="base", node=node(_FIXED[group]))
+    store.store(group="cluster", name="base", node=node(ClusterConfig))
     store.store(name="base_train", node={"train": node(TrainConfig)})
 
 
 register_bases()
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "experiment")
+GROUPS = ("task", "model", "mixer", "mlp", "optim", "logger", "cluster", "experiment")
 
 
 def overrides_of(args: list[str]) -> list[tuple[str, list]]:

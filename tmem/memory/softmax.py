@@ -61,3 +61,21 @@ def logn_scale(n, train_length: int):
 def ssmax_scale(n, s_h):
     """Scalable-Softmax's s_h log n [..., H], s learned per head: the logits grow with the keys they compete with."""
     return jnp.log(n.astype(jnp.float32))[..., None] * s_h.reshape((1,) * n.ndim + s_h.shape)
+
+
+def fused_read(q_bthd, k_bsgd, v_bsgd, beta, *, window: int | None = None, q_scale=None, implementation=None):
+    """softmax_read of a whole causal sequence through `jax.nn.dot_product_attention`, without its weights.
+
+    The same read as softmax_read with the causal mask (and a window's), for
+    query t at key t: JAX picks its fused kernel where the backend has one
+    (cuDNN's flash attention on a GPU, in bf16 or fp16) and XLA's einsums
+    elsewhere. Grouped-query keys go in as they are (fewer key heads); a
+    per-query length scale `q_scale`, broadcastable to [B, T, H, 1], scales
+    the queries, which scales each query's logits alike. The weights are never
+    formed, so a probe that reads them needs the plain path.
+    """
+    if q_scale is not None:
+        q_bthd = (q_bthd * q_scale).astype(q_bthd.dtype)
+    return jax.nn.dot_product_attention(q_bthd, k_bsgd, v_bsgd, scale=float(beta), is_causal=True,
+                                        local_window_size=None if window is None else (window - 1, 0),
+                                        implementation=implementation)

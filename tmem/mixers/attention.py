@@ -18,11 +18,12 @@ from flax import nnx, struct
 
 from tmem.layers import rope
 from tmem.memory import softmax_read
-from tmem.memory.softmax import logn_scale, ssmax_scale, visible_keys
+from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
+IMPLEMENTATIONS = ("auto", "plain", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +45,18 @@ class SoftmaxConfig(MixerConfig):
     gate_activation: str = "sigmoid"  # sigmoid | silu
     bias: bool = False
     rope_base: float = 10_000.0
+    # how the read is computed: plain (einsums, the weights formed and sown), fused (jax.nn.dot_product_attention:
+    # cuDNN's flash attention on a GPU), auto (fused on an accelerator, plain on a CPU, where the fused one is no
+    # faster). The read is the same either way; fused applies only where nothing needs the weights (no probe
+    # capturing them, no sinks) and to whole sequences (no cache, every position read)
+    implementation: str = "auto"
 
     applies_rope: ClassVar[bool] = True
     takes_qk_positions: ClassVar[bool] = True
 
     def check(self, width: int) -> None:
         for field, allowed in (("qk_norm", QK_NORMS), ("length_scale", LENGTH_SCALES),
-                               ("gate_activation", tuple(GATE_ACTIVATIONS))):
+                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("implementation", IMPLEMENTATIONS)):
             value = getattr(self, field)
             if value not in allowed:
                 was = " (it was a bool: true is rms, false none)" if value in ("True", "False", True, False) else ""
@@ -149,7 +155,8 @@ class SoftmaxAttention(Mixer):
         q = (at_positions(x_qk, read_at) @ kernel[:, :D]).reshape(B, -1, H, d)
         if cfg.bias:
             bias = self.qkv.bias[...]
-            q, k, v = q + bias[:D].reshape(H, d), k + bias[D:D + E].reshape(G, d), v + bias[D + E:].reshape(G, d)
+            q, k, v = (q + bias[:D].reshape(1, 1, H, d), k + bias[D:D + E].reshape(1, 1, G, d),
+                       v + bias[D + E:].reshape(1, 1, G, d))
         if cfg.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
         elif cfg.qk_norm == "l2":
@@ -176,9 +183,13 @@ class SoftmaxAttention(Mixer):
             scale = (_per_query(logn_scale(n, cfg.train_length), heads=False) if cfg.length_scale == "logn"
                      else _per_query(ssmax_scale(n, self.ssmax_scale[...]), heads=True))
         beta = cfg.temperature or (d**0.5 if cfg.qk_norm == "l2" else d**-0.5)
-        o_bthd, weights = softmax_read(q, k, v, mask, beta, scale=scale,
-                                       sink_h=self.sinks[...] if cfg.sinks else None)
-        self.sow(nnx.Intermediate, "attention", weights, capture_noop=True)
+        if self._fused(state, read_at):
+            o_bthd = fused_read(q, k, v, beta, window=cfg.window,
+                                q_scale=None if scale is None else jnp.moveaxis(scale, 1, 2))
+        else:
+            o_bthd, weights = softmax_read(q, k, v, mask, beta, scale=scale,
+                                           sink_h=self.sinks[...] if cfg.sinks else None)
+            self.sow(nnx.Intermediate, "attention", weights, capture_noop=True)
         if cfg.output_gate:
             gate = GATE_ACTIVATIONS[cfg.gate_activation](self.gate(at_positions(x_btd, read_at)))
             o_bthd = o_bthd * gate.reshape(o_bthd.shape)
@@ -189,3 +200,17 @@ class SoftmaxAttention(Mixer):
             keep = cfg.cached_tokens(S)
             k, v = k[:, S - keep:], v[:, S - keep:]
         return self.out(o_bthd.reshape(B, -1, D)), KVCache(k, v, length=offset + T)
+
+    def _fused(self, state, read_at) -> bool:
+        """Whether this call reads through jax.nn.dot_product_attention (SoftmaxConfig.implementation).
+
+        Not while `nnx.capture` collects intermediates (a probe reading the
+        weights: flax keeps the capture on the module as `__captures__`), not
+        with sinks (no column of the fused kernel reads nothing), and not for a
+        continuation or a read at chosen positions, whose masks are not causal
+        from position 0.
+        """
+        choice = self.cfg.implementation
+        if choice == "plain" or (choice == "auto" and jax.default_backend() == "cpu"):
+            return False
+        return not (hasattr(self, "__captures__") or self.cfg.sinks or state is not None or read_at is not None)

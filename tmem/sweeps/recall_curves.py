@@ -13,28 +13,17 @@ the learning rate, as Zoology plots the best of four learning rates).
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
 import json
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from tmem.sweeps.gather import find_runs, gather_command, mark_best
+
 COLUMNS = ["mixer", "width", "seq_len", "num_kv_pairs", "lr", "seed", "accuracy", "loss", "status", "steps",
            "wall_seconds", "parameters", "state_size", "best", "run_dir"]
 CELL = ("mixer", "width", "seq_len", "num_kv_pairs")
-
-
-def find_runs(roots: list[str | Path]) -> list[Path]:
-    """Every run directory under the roots: one with summary.json beside .hydra/config.yaml."""
-    runs = set()
-    for root in map(Path, roots):
-        for summary in root.rglob("summary.json"):
-            if (summary.parent / ".hydra" / "config.yaml").exists():
-                runs.add(summary.parent)
-    return sorted(runs)
 
 
 def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
@@ -56,22 +45,8 @@ def gather(roots: list[str | Path]) -> list[dict]:
     """Rows for every run, each marked `best` when it has the top accuracy of its cell."""
     rows = [read_run(r) for r in find_runs(roots)]
     rows = [r for r in rows if r["accuracy"] is not None]
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        cell = tuple(r[c] for c in CELL)
-        if cell not in best or r["accuracy"] > best[cell]["accuracy"]:
-            best[cell] = r
-    for r in rows:
-        r["best"] = best[tuple(r[c] for c in CELL)] is r
+    mark_best(rows, group=lambda r: tuple(r[c] for c in CELL), value=lambda r: r["accuracy"], higher=lambda r: True)
     return sorted(rows, key=lambda r: (r["seq_len"], r["num_kv_pairs"], r["mixer"], r["width"], r["lr"], r["seed"]))
-
-
-def to_csv(rows: list[dict], columns: list[str] = COLUMNS) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
 
 
 def figure(rows: list[dict]):
@@ -100,32 +75,6 @@ def figure(rows: list[dict]):
     fig.suptitle("MQAR recall against width (Zoology's figure 2)", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-def gather_command(argv, name: str, doc: str, gather_fn, figure_fn, columns: list[str]):
-    """The command line of a sweep gather: read the roots, write `<name>.csv` and `<name>.png`.
-
-    Returns (exit code, rows, output folder); problems get one line on stderr.
-    """
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
-    parser.add_argument("--out", help=f"where {name}.csv and .png go (default: the first root)")
-    args = parser.parse_args(argv)
-    missing = [r for r in args.roots if not Path(r).is_dir()]
-    if missing:
-        print(f"error: no such directory: {', '.join(missing)}", file=sys.stderr)
-        return 2, [], None
-    rows = gather_fn(args.roots)
-    if not rows:
-        print(f"error: no finished runs (summary.json beside .hydra/config.yaml) under {', '.join(args.roots)}",
-              file=sys.stderr)
-        return 1, [], None
-    out = Path(args.out or args.roots[0])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.csv").write_text(to_csv(rows, columns))
-    figure_fn(rows).savefig(out / f"{name}.png", dpi=120)
-    return 0, rows, out
 
 
 def main(argv: list[str] | None = None) -> int:

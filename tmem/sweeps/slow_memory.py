@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from tmem.layers import GATED
 from tmem.memory.capacity import capacity_theory
-from tmem.sweeps.recall_curves import find_runs, gather_command
+from tmem.sweeps.gather import find_runs, gather_command
 from tmem.train.checkpoint import Checkpoints
 
 # the score function of an MLP -> the store of the capacity table with the same read

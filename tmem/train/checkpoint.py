@@ -33,6 +33,8 @@ import jax
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
+from tmem.train.cluster import barrier, is_primary
+from tmem.train.mesh import data_mesh, replicated
 from tmem.train.step import TrainState
 
 # orbax's layout: a finished step holds FINISHED, a step being written is a folder named <step>TMP_SUFFIX...
@@ -65,12 +67,15 @@ class Checkpoints:
 
     `keep=None` keeps every checkpoint (probes of formation read them all);
     otherwise the newest `keep`, and an older step is deleted only after the
-    new one has been read back and checked.
+    new one has been read back and checked. A step restores replicated over
+    `mesh` (default: every visible device, the mesh a run here trains on),
+    whatever layout saved it.
     """
 
-    def __init__(self, directory: Path, *, config: dict | None = None, keep: int | None = None):
+    def __init__(self, directory: Path, *, config: dict | None = None, keep: int | None = None,
+                 mesh: jax.sharding.Mesh | None = None):
         self.directory = Path(directory).absolute()  # orbax refuses relative paths
-        self._config, self._keep = config, keep
+        self._config, self._keep, self._mesh = config, keep, mesh
 
     # -- reading ------------------------------------------------------------
 
@@ -104,7 +109,7 @@ class Checkpoints:
         return None
 
     def restore(self, abstract: TrainState, step: int | None = None) -> TrainState:
-        """A step (default the latest) in the shapes of `abstract`, on this host's first device.
+        """A step (default the latest) in the shapes of `abstract`, replicated over the mesh.
 
         Damage is one CheckpointError naming the step, what is wrong and the
         newest intact step; nothing falls back silently.
@@ -142,9 +147,11 @@ class Checkpoints:
 
     def _load(self, step: int, abstract: TrainState) -> TrainState:
         # Without a sharding on the target, orbax recreates the saving host's
-        # device layout and fails elsewhere (a GPU checkpoint on a CPU host).
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), abstract)
+        # device layout and fails elsewhere (a GPU checkpoint on a CPU host, 2 devices' on 1).
+        if self._mesh is None:  # made on the first read: a Checkpoints that only reads metadata starts no backend
+            self._mesh = data_mesh()
+        whole = replicated(self._mesh)
+        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=whole), abstract)
         folder = self.directory / str(step)
         try:
             with _quiet():
@@ -202,11 +209,15 @@ class Checkpoints:
             return None
 
     def _move_aside(self, step: int) -> Path:
+        """Rename a step `<step>.damaged`: process 0's rename, once every process has stopped reading it."""
         folder = self.directory / str(step)
         aside = folder.with_name(f"{step}.damaged")
         if aside.exists():
             aside = folder.with_name(f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        folder.rename(aside)
+        barrier("tmem-checkpoint-move-aside")
+        if is_primary():
+            folder.rename(aside)
+        barrier("tmem-checkpoint-moved-aside")
         return aside
 
     # -- writing ------------------------------------------------------------
@@ -226,12 +237,15 @@ class Checkpoints:
             log.warning(f"step {step} in {self.directory} holds other or damaged arrays; moved it to "
                         f"{self._move_aside(step).name} before saving this run's step {step}")
         metadata = {"checksums": sums, "metrics": _jsonable(metrics), "config": self._config}
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._discard_partial(step)  # left by a process killed while saving; the run directory is ours alone
+        if is_primary():  # of a multi-process run, one process does the file work; orbax saves from all together
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._discard_partial(step)  # left by a process killed while saving; the run directory is ours alone
+        barrier("tmem-checkpoint-save")
         try:
             ocp.save_checkpointables(folder, {STATE: state}, custom_metadata=metadata)
         except Exception as e:
-            self._discard_partial(step)
+            if is_primary():
+                self._discard_partial(step)
             raise CheckpointError(self._save_failed(step, e)) from e
         try:
             self._load(step, abstract)
@@ -239,7 +253,7 @@ class Checkpoints:
             aside = self._move_aside(step)
             raise CheckpointError(f"step {step} was written but does not read back ({e}); moved it to {aside.name}; "
                                   f"the earlier steps {self.steps()} are kept") from e
-        if self._keep is not None:
+        if self._keep is not None and is_primary():
             for old in self.steps()[:-self._keep]:
                 shutil.rmtree(self.directory / str(old))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -14,12 +15,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from tasks import heldout
-from tmem.config import Config
+from tmem.config import Config, ConfigError
 from tmem.model import count_params
 from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
+from tmem.train.cluster import is_primary
+from tmem.train.mesh import check_divisible, data_mesh, describe, replicated, split_batch
 from tmem.train.step import chance_loss, make_eval, make_train_step
-from tmem.train.tracking import Tracker
+from tmem.train.tracking import Tracker, group_and_config
 
 PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
 FIX = "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm."
@@ -55,27 +58,42 @@ def state_sizes(cfg: Config) -> tuple[int | None, int | None]:
     return m.state_size(cfg.model.width, cfg.task.seq_len) * depth, None if per_token is None else per_token * depth
 
 
-def run(cfg: Config, run_dir: Path, resolved: dict) -> dict:
-    """Train the run a config describes in `run_dir`; write and return its summary."""
+def run(cfg: Config, run_dir: Path, resolved: dict, sweep: dict | None = None) -> dict:
+    """Train the run a config describes in `run_dir`; write and return its summary.
+
+    `sweep` (tmem.train.tracking.sweep_job) makes a multirun's job log into
+    its sweep's wandb group, its overrides in the wandb config.
+    """
     for name in ("absl", "orbax"):
         logging.getLogger(name).setLevel(logging.WARNING)
     with stop_requests() as stop:
-        trainer = Trainer(cfg, Path(run_dir).absolute(), resolved)
+        trainer = Trainer(cfg, Path(run_dir).absolute(), resolved, sweep)
         return trainer.fit(stop)
 
 
 class Trainer:
-    """One training session on a run directory (a fresh run or a resumed one)."""
+    """One training session on a run directory (a fresh run or a resumed one).
 
-    def __init__(self, cfg: Config, run_dir: Path, resolved: dict):
+    It trains on every visible device (`tmem.train.mesh`): the state
+    replicated, each batch split along the mesh's `data` axis.
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, resolved: dict, sweep: dict | None = None):
         self.cfg, self.run_dir, t = cfg, run_dir, cfg.train
         task = cfg.task
+        self.mesh = data_mesh()
+        problem = check_divisible(self.mesh.size, t.batch_size, t.microbatch)
+        if problem:  # before anything compiles
+            raise ConfigError(problem)
+        print(describe(self.mesh, t.batch_size))
+        whole, place = replicated(self.mesh), split_batch(self.mesh)
         built = build(cfg)
         self.n_params = count_params(built.model)
-        graphdef, self.state, tx, schedule = built
-        del built  # its arrays now live in self.state, which the step donates
-        self._evaluate = jax.jit(make_eval(graphdef, task))
-        self.heldout = jax.jit(lambda: heldout(task))()
+        graphdef, state, tx, schedule = built
+        self.state = jax.device_put(state, whole)
+        del built, state  # their arrays now live in self.state, which the step donates
+        self._evaluate = jax.jit(make_eval(graphdef, task, place=place), out_shardings=whole)
+        self.heldout = jax.jit(lambda: heldout(task), out_shardings=whole)()
         # a run has diverged when its held-out loss stays far above both chance and where it started (a large
         # init scale can start several times above chance: Zoology's figure-2 model starts at 10x)
         self.loss_bound = None
@@ -85,7 +103,7 @@ class Trainer:
             self.loss_bound = t.diverge_factor * max(untrained, chance)
         self.evals_above = 0  # evaluations in a row with the held-out loss above loss_bound
 
-        self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints)
+        self.ckpts = Checkpoints(run_dir / "checkpoints", config=resolved, keep=t.keep_checkpoints, mesh=self.mesh)
         self.progress = {"wall_seconds": 0.0, "target_step": None, "target_seconds": None}
         self.resumed_from = None
         if t.resume:
@@ -99,11 +117,13 @@ class Trainer:
 
         self.name = cfg.name or run_dir.name
         session = self.name if self.resumed_from is None else f"{self.name}-resume-{self.resumed_from}"
-        self.tracker = Tracker(cfg.logger, run_dir, name=session, group=self.name, config=resolved)
+        group, tracked = group_and_config(self.name, resolved, sweep)
+        logger = cfg.logger if is_primary() else dataclasses.replace(cfg.logger, mode="disabled")  # one wandb run
+        self.tracker = Tracker(logger, run_dir, name=session, group=group, config=tracked)
         self.tracker.summary({"parameters": self.n_params})
 
-        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch)
-        self.train_step = jax.jit(step, donate_argnums=0)
+        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch, place)
+        self.train_step = jax.jit(step, donate_argnums=0, in_shardings=whole, out_shardings=whole)
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}
         self.shown: dict = {}  # the progress bar's training figures
@@ -115,7 +135,8 @@ class Trainer:
         step, status, pending = int(self.state.step), "completed", []
         last = t.steps if t.stop_after is None else min(t.steps, step + t.stop_after)
         self._start = time.perf_counter()
-        bar = tqdm(total=t.steps, initial=step, desc=self.name, dynamic_ncols=True, mininterval=0.5)
+        bar = tqdm(total=t.steps, initial=step, desc=self.name, dynamic_ncols=True, mininterval=0.5,
+                   disable=not is_primary())
         try:
             while step < last:
                 self.state, metrics = self.train_step(self.state)
@@ -242,9 +263,11 @@ class Trainer:
             "wall_seconds": round(self._seconds(), 3),
             "target_metric": self.metric,
             "target_value": self.cfg.train.target,
+            "higher_is_better": self.cfg.task.higher_is_better,
             "target_step": self.progress["target_step"],
             "target_seconds": None if seconds is None else round(seconds, 3),
             "parameters": self.n_params,
+            "devices": self.mesh.size,
             "state_size": total,
             "state_size_per_token": per_token,
             "resumed_from": self.resumed_from,
@@ -255,7 +278,8 @@ class Trainer:
         }
 
     def _write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if is_primary():  # every process of a multi-process run holds the same summary; one writes it
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _close(self, bar, exit_code: int) -> None:
         bar.close()

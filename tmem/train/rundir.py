@@ -26,11 +26,12 @@ from tmem.config import CONFIG_DIR, ConfigError, check_group_overrides, compose_
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
 RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
-# What a resume may change: how long and how often, and where it is tracked. Everything else (task, model, mixer,
+# What a resume may change: how long and how often, where it is tracked, on how many hosts, and how attention's
+# read is computed (the same read either way). Everything else (task, model, mixer,
 # MLP, optimizer, seed, batch) is the run itself; changing it is a new run.
 RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_every", "train.checkpoint_every",
              "train.keep_checkpoints", "train.target", "train.early_stop", "train.resume", "train.diverge_factor",
-             "train.diverge_patience", "logger.", "name")
+             "train.diverge_patience", "logger.", "name", "cluster.", "mixer.implementation")
 # Hydra's flags that print something and run nothing
 INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
            "--shell-completion"}
@@ -57,7 +58,10 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     resume = any(key == "train.resume" and values == [True] for key, values in overrides_of(args))
     extra = ["hydra.output_subdir=null"] if resume else []  # a resume leaves the run's .hydra record as it started
     if {"-m", "--multirun"} & set(args):
-        sweep_dir = Path(compose_command(args, config_dir=config_dir, sweeps=False).hydra.sweep.dir)
+        composed = compose_command(args, config_dir=config_dir, sweeps=False)
+        sweep_dir = Path(composed.hydra.sweep.dir)
+        if _rank(composed) != 0:
+            return _follower(args, "hydra.sweep.dir", given)
         if "hydra.sweep.dir" in given:
             if not resume and sweep_dir.is_dir() and any(sweep_dir.iterdir()):
                 raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds a sweep: continue its jobs with "
@@ -70,6 +74,8 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     with open_dict(composed):
         del composed["hydra"]  # what train.py's function receives; Hydra's own section needs a running job
     validate(composed)
+    if _rank(composed) != 0:
+        return _follower(args, "hydra.run.dir", given)
     resolved = OmegaConf.to_container(composed, resolve=True)
     if resume and holds_run(run_dir):
         check_resume(run_dir, resolved)
@@ -80,6 +86,27 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     else:  # the default, a timestamp: two runs started in one second take the next free name
         run_dir = _first_free(run_dir, claim)
     return _pinned(args, "hydra.run.dir", run_dir) + extra
+
+
+def _rank(composed) -> int:
+    """This process's rank in a multi-process run (cluster=multihost), 0 in a run of one process."""
+    from tmem.config import ClusterConfig, parse_group
+    from tmem.train.cluster import process_id
+
+    return process_id(parse_group("cluster", ClusterConfig, composed.cluster) if "cluster" in composed
+                      else ClusterConfig())
+
+
+def _follower(args: list[str], key: str, given: dict) -> list[str]:
+    """The command line of a process other than rank 0 of a multi-process run: it claims and records nothing.
+
+    Rank 0 claims the directory and checks a resume; every process must name
+    the same directory, which a timestamp each process takes for itself would not.
+    """
+    if key not in given:
+        raise ConfigError(f"cluster=multihost: every process of a run writes to one directory, and each would "
+                          f"take its own timestamp: give {key} (the same on every process)")
+    return _pinned(args, key, Path(given[key])) + ["hydra.output_subdir=null"]
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -106,6 +133,25 @@ def claim(run_dir: Path, *, hydra_wrote: bool = False) -> None:
     claimed = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.write(fd, (json.dumps(claimed) + "\n").encode())
     _held.append(fd)
+
+
+def release(run_dir: Path) -> None:
+    """Give back a claimed directory whose run never started (refused by a check that needed the devices).
+
+    Only what the claim and Hydra wrote goes: the marker, `.hydra/` and the
+    job's log. A directory holding checkpoints or a summary is a run and stays
+    as it is, and so does anything else found in it.
+    """
+    run_dir = Path(run_dir)
+    if any((run_dir / f).exists() for f in ("summary.json", "checkpoints")):
+        return
+    for name in (CLAIM, ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log"):
+        (run_dir / name).unlink(missing_ok=True)
+    for folder in (run_dir / ".hydra", run_dir):
+        try:
+            folder.rmdir()
+        except OSError:  # missing, or holding something this process did not write
+            pass
 
 
 def lock(run_dir: Path) -> None:

@@ -51,7 +51,7 @@ def make_loss(graphdef, task):
     return loss_fn
 
 
-def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = None):
+def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = None, place=None):
     """(params, rest, key) -> (metrics, grads) of one freshly sampled batch.
 
     With `microbatch` below the batch size, the batch is sampled and
@@ -61,17 +61,22 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
     a 64-example step cost about two 32-example ones rather than three.
     `key` may instead be a tasks.Cursor: the batch is then the next examples
     of the task's fixed training set (task.train_examples, tasks/examples.py).
+
+    `place` (tmem.train.mesh.split_batch) puts each sampled batch or slice
+    where it is differentiated, split over the devices; it runs after
+    sampling, so the examples are the same on any number of devices.
     """
     grad_fn = jax.value_and_grad(make_loss(graphdef, task), has_aux=True)
+    place = place or (lambda batch: batch)
     if microbatch is None or microbatch >= batch_size:
         def whole(params, rest, key):
-            (_, metrics), grads = grad_fn(params, rest, draw(task, key, batch_size))
+            (_, metrics), grads = grad_fn(params, rest, place(draw(task, key, batch_size)))
             return metrics, grads
         return whole
 
     def sliced(params, rest, key):
         def one(k):
-            batch = draw(task, k, microbatch)
+            batch = place(draw(task, k, microbatch))
             (_, metrics), grads = grad_fn(params, rest, batch)
             return batch.mask.sum(), metrics, grads
 
@@ -83,9 +88,12 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
 
 
 def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule,
-                    microbatch: int | None = None):
-    """(state) -> (state, metrics): sample on device, forward, backward, update."""
-    gradients = make_gradients(graphdef, task, batch_size, microbatch)
+                    microbatch: int | None = None, place=None):
+    """(state) -> (state, metrics): sample on device, forward, backward, update.
+
+    `place` splits each sampled batch over the devices (see make_gradients).
+    """
+    gradients = make_gradients(graphdef, task, batch_size, microbatch, place)
 
     def train_step(state: TrainState):
         fixed = getattr(task, "train_examples", None) is not None  # the step's examples of the fixed set
@@ -112,14 +120,16 @@ def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
     return float(task.loss(jnp.zeros(out.shape, out.dtype), batch)[0])
 
 
-def make_eval(graphdef, task, chunk: int = 100):
+def make_eval(graphdef, task, chunk: int = 100, place=None):
     """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks.
 
     Chunks of 100 examples keep a chunk's activations in a CPU's cache: the default job's held-out
     evaluation (3,000 examples) took 220 ms against 270 with chunks of 500 for softmax attention, 1.2 s
     against 1.7 for Gated DeltaNet (BENCHMARKS.md); an evaluation every 50 steps costs about 16 steps.
+    `place` splits each chunk over the devices, as the train step splits its batches.
     """
     loss_fn = make_loss(graphdef, task)
+    place = place or (lambda batch: batch)
 
     def evaluate(params, rest, batch: Batch):
         n = batch.inputs.shape[0]
@@ -135,7 +145,7 @@ def make_eval(graphdef, task, chunk: int = 100):
         chunks = chunks.replace(mask=chunks.mask * valid)  # padded rows weigh nothing
 
         def one(b):
-            _, metrics = loss_fn(params, rest, b)
+            _, metrics = loss_fn(params, rest, place(b))
             return metrics, b.mask.sum()
 
         metrics, weights = jax.lax.map(one, chunks)

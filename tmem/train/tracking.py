@@ -6,8 +6,39 @@ import os
 from pathlib import Path
 
 import wandb
+from hydra.types import RunMode
+from omegaconf import DictConfig
 
 from tmem.config import LoggerConfig
+
+
+def sweep_job(hydra_cfg: DictConfig) -> dict | None:
+    """A multirun job's place in its sweep, from Hydra's own config of the job; None for a single run.
+
+    The group is named after the sweep directory by its last two parts: the
+    date and time of the default multirun/<date>/<time>, or the parent and
+    name of a directory given with hydra.sweep.dir (a time alone would repeat
+    from one day to the next).
+    """
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    sweep_dir = Path(hydra_cfg.sweep.dir).absolute()
+    return {"group": "/".join(sweep_dir.parts[-2:]), "sweep_dir": str(sweep_dir), "job": int(hydra_cfg.job.num),
+            "overrides": list(hydra_cfg.overrides.task), "override_dirname": str(hydra_cfg.job.override_dirname)}
+
+
+def group_and_config(name: str, resolved: dict, sweep: dict | None) -> tuple[str, dict]:
+    """The wandb group and config of a training run.
+
+    A single run is its own group (its resumes and evaluations join it). Every
+    job of a multirun joins its sweep's group and adds its place in the sweep
+    (`multirun`: job number, overrides) to the resolved config, so a synced
+    sweep is one group whose swept values wandb's parallel-coordinates view can
+    plot. The config a checkpoint keeps is `resolved` alone either way.
+    """
+    if sweep is None:
+        return name, resolved
+    return sweep["group"], {**resolved, "multirun": {k: v for k, v in sweep.items() if k != "group"}}
 
 
 class Tracker:

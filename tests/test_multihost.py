@@ -1,0 +1,105 @@
+"""Many processes train one run: two train.py processes on localhost agree with one process.
+
+Each process is a separate `python train.py cluster=multihost ...` with one
+CPU device, joined by jax.distributed over loopback (CPU collectives: gloo,
+jax 0.12's default), so this is what a cluster launcher runs, on one machine.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, TINY, compose_config
+from tmem.config import ClusterConfig, ConfigError, validate
+from tmem.train import rundir
+from tmem.train.cluster import process_id
+
+RUN = [*TINY, "model.depth=1", "train.microbatch=8", "train.steps=4", "train.log_every=2", "train.eval_every=4",
+       "train.checkpoint_every=4", "train.diverge_factor=null"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one(tmp_path):
+    from tmem.train.build import build
+    from tmem.train.checkpoint import Checkpoints
+    from tmem.train.loop import run
+
+    run_dir = tmp_path / "two"
+    cluster = ["cluster=multihost", f"cluster.coordinator=localhost:{free_port()}", "cluster.processes=2",
+               "cluster.timeout=120", f"hydra.run.dir={run_dir}"]
+    args = [*RUN, "logger=offline", *cluster]  # wandb on: only process 0 may keep a run
+    procs = [subprocess.Popen([sys.executable, "train.py", *args, f"cluster.process_id={i}"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 0)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert "mesh: 2 cpu devices of 2 processes on the data axis" in outs[1]
+
+    cfg = compose_config(RUN)
+    one = run(validate(cfg), tmp_path / "one", OmegaConf.to_container(cfg, resolve=True))
+    two = json.loads((run_dir / "summary.json").read_text())
+    assert two["devices"] == 2 and one["devices"] == 1 and two["steps"] == one["steps"] == 4
+    np.testing.assert_allclose(two["eval/loss"], one["eval/loss"], rtol=1e-5)
+
+    # the checkpoint the two processes saved together restores in one process, equal to the one-process run's
+    abstract = jax.eval_shape(lambda: build(validate(cfg)).state)
+    a, b = (jax.tree.leaves(Checkpoints(d / "checkpoints").restore(abstract).params)
+            for d in (run_dir, tmp_path / "one"))
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, b)) < 1e-5
+    # one writer: one claim, one wandb run (process 0's), no second record
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
+    assert json.loads((run_dir / rundir.CLAIM).read_text())["pid"] == procs[1].pid
+
+
+def test_the_rank_comes_from_the_config_or_the_environment(monkeypatch):
+    assert process_id(ClusterConfig()) == 0  # one process
+    assert process_id(ClusterConfig(initialize=True, processes=4, process_id=3)) == 3
+    for var in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"):
+        monkeypatch.setenv(var, {"SLURM_STEP_NODELIST": "node[001-002]", "SLURM_NTASKS": "2"}.get(var, "1"))
+    assert process_id(ClusterConfig(initialize=True)) == 1  # read as JAX's own SLURM detection reads it
+    assert process_id(ClusterConfig()) == 0  # a one-process run ignores the cluster around it
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["cluster.process_id=2", "cluster.processes=2"], "cluster.process_id=2 must be in 0..cluster.processes-1"),
+    (["cluster.coordinator=node0"], "cluster.coordinator='node0' must be host:port"),
+    (["cluster.processes=0"], "cluster.processes=0 must be positive"),
+])
+def test_bad_cluster_fields_are_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_config(["cluster=multihost", *overrides]))
+
+
+def test_a_process_other_than_rank_0_claims_nothing_and_needs_the_run_directory(tmp_path):
+    given = ["cluster=multihost", "cluster.coordinator=h:1", "cluster.processes=2", "cluster.process_id=1"]
+    with pytest.raises(ConfigError, match="give hydra.run.dir"):
+        rundir.prepare([*TINY, *given])
+    with pytest.raises(ConfigError, match="give hydra.sweep.dir"):
+        rundir.prepare(["-m", *TINY, *given, "model.width=16,32"])
+    args = rundir.prepare([*TINY, *given, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert args[-2:] == [f"hydra.run.dir={tmp_path / 'run'}", "hydra.output_subdir=null"]
+    assert not (tmp_path / "run").exists()  # rank 0 claims it
+    rank0 = rundir.prepare([*TINY, *given[:-1], "cluster.process_id=0", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert (tmp_path / "run" / rundir.CLAIM).is_file() and "hydra.output_subdir=null" not in rank0
+
+
+def test_a_run_saved_before_the_cluster_and_implementation_fields_resumes(tmp_path):
+    resolved = OmegaConf.to_container(compose_config(TINY), resolve=True)
+    old = {k: v for k, v in resolved.items() if k != "cluster"}
+    old["mixer"] = {k: v for k, v in resolved["mixer"].items() if k != "implementation"}
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
+    rundir.check_resume(tmp_path, resolved)  # neither is the run itself
+    with pytest.raises(ConfigError, match="model.width"):
+        rundir.check_resume(tmp_path, {**resolved, "model": {**resolved["model"], "width": 32}})
