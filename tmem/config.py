@@ -176,6 +176,10 @@ class TrainConfig:
     # diverge too; null turns it off
     diverge_factor: float | None = 10.0
     diverge_patience: int = 3
+    # the dtype of activations and matmuls: bfloat16 casts the parameters for each forward pass (their gradients
+    # flow back to the float32 copies, which the optimizer updates, as its state stays float32) and the loss
+    # reads float32 logits; the fast-weight memories keep their own math in float32 either way
+    compute_dtype: str = "float32"
 
     def __post_init__(self):
         _positive(**{f"train.{f}": getattr(self, f) for f in
@@ -183,6 +187,7 @@ class TrainConfig:
                       "keep_checkpoints", "stop_after", "diverge_factor", "diverge_patience")})
         if self.microbatch is not None and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
+        _choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
 
 
 def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:

@@ -92,7 +92,8 @@ class Trainer:
         graphdef, state, tx, schedule = built
         self.state = jax.device_put(state, whole)
         del built, state  # their arrays now live in self.state, which the step donates
-        self._evaluate = jax.jit(make_eval(graphdef, task, place=place), out_shardings=whole)
+        self._evaluate = jax.jit(make_eval(graphdef, task, place=place, compute_dtype=t.compute_dtype),
+                                 out_shardings=whole)
         self.heldout = jax.jit(lambda: heldout(task), out_shardings=whole)()
         # a run has diverged when its held-out loss stays far above both chance and where it started (a large
         # init scale can start several times above chance: Zoology's figure-2 model starts at 10x)
@@ -122,7 +123,7 @@ class Trainer:
         self.tracker = Tracker(logger, run_dir, name=session, group=group, config=tracked)
         self.tracker.summary({"parameters": self.n_params})
 
-        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch, place)
+        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch, place, t.compute_dtype)
         self.train_step = jax.jit(step, donate_argnums=0, in_shardings=whole, out_shardings=whole)
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}

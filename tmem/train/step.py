@@ -43,15 +43,35 @@ def batch_key(state: TrainState) -> jax.Array:
     return jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
 
 
-def make_loss(graphdef, task):
+def make_loss(graphdef, task, compute_dtype: str = "float32"):
+    """(params, rest, batch) -> (loss, metrics). With compute_dtype bfloat16 the floating parameters are cast for
+    the forward pass (so activations and matmuls run in bfloat16, and the gradients reach the float32 parameters
+    through the cast) and the loss reads the outputs in float32."""
+    dtype = jnp.dtype(compute_dtype)
+
     def loss_fn(params, rest, batch: Batch):
+        if dtype != jnp.float32:
+            params = jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
         model = nnx.merge(graphdef, params, rest)
-        return task.loss(model(batch.inputs, positions=batch.positions), batch)
+        if dtype != jnp.float32:
+            computing_in(model, dtype)
+        outputs = model(batch.inputs, positions=batch.positions)
+        return task.loss(outputs.astype(jnp.float32), batch)
 
     return loss_fn
 
 
-def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = None, place=None):
+def computing_in(model: nnx.Module, dtype) -> None:
+    """Make Flax's own layers compute in `dtype`: with `dtype=None` an nnx.Linear, Embed or norm computes in its
+    `param_dtype` (float32), casting a bfloat16 parameter back up. tmem's own layers compute in the dtype of the
+    parameters they are handed."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, nnx.Module) and hasattr(module, "param_dtype") and hasattr(module, "dtype"):
+            module.dtype = dtype
+
+
+def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = None, place=None,
+                   compute_dtype: str = "float32"):
     """(params, rest, key) -> (metrics, grads) of one freshly sampled batch.
 
     With `microbatch` below the batch size, the batch is sampled and
@@ -66,7 +86,7 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
     where it is differentiated, split over the devices; it runs after
     sampling, so the examples are the same on any number of devices.
     """
-    grad_fn = jax.value_and_grad(make_loss(graphdef, task), has_aux=True)
+    grad_fn = jax.value_and_grad(make_loss(graphdef, task, compute_dtype), has_aux=True)
     place = place or (lambda batch: batch)
     if microbatch is None or microbatch >= batch_size:
         def whole(params, rest, key):
@@ -88,12 +108,12 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
 
 
 def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule,
-                    microbatch: int | None = None, place=None):
+                    microbatch: int | None = None, place=None, compute_dtype: str = "float32"):
     """(state) -> (state, metrics): sample on device, forward, backward, update.
 
     `place` splits each sampled batch over the devices (see make_gradients).
     """
-    gradients = make_gradients(graphdef, task, batch_size, microbatch, place)
+    gradients = make_gradients(graphdef, task, batch_size, microbatch, place, compute_dtype)
 
     def train_step(state: TrainState):
         fixed = getattr(task, "train_examples", None) is not None  # the step's examples of the fixed set
@@ -120,7 +140,7 @@ def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
     return float(task.loss(jnp.zeros(out.shape, out.dtype), batch)[0])
 
 
-def make_eval(graphdef, task, chunk: int = 100, place=None):
+def make_eval(graphdef, task, chunk: int = 100, place=None, compute_dtype: str = "float32"):
     """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks.
 
     Chunks of 100 examples keep a chunk's activations in a CPU's cache: the default job's held-out
@@ -128,7 +148,7 @@ def make_eval(graphdef, task, chunk: int = 100, place=None):
     against 1.7 for Gated DeltaNet (BENCHMARKS.md); an evaluation every 50 steps costs about 16 steps.
     `place` splits each chunk over the devices, as the train step splits its batches.
     """
-    loss_fn = make_loss(graphdef, task)
+    loss_fn = make_loss(graphdef, task, compute_dtype)
     place = place or (lambda batch: batch)
 
     def evaluate(params, rest, batch: Batch):
