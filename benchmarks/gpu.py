@@ -8,7 +8,9 @@ fast-weight rows (DeltaNet and Gated DeltaNet, chunked). For each: the step
 time of the default job (median of rounds taken in turns, so a passing load
 falls on every row alike), its model-FLOP utilisation (tmem.flops' analytic
 count over the matmul ceiling measured here), and the time to 0.99 held-out
-accuracy of seed 0, compile included. Every figure is also written as JSON
+accuracy of seed 0, compile included. Then, step time and utilisation alone:
+a 100M-class softmax model at T = 1024 (float32 and bfloat16) and chunked
+Gated DeltaNet at T = 4096 and 16,384. Every figure is also written as JSON
 under --out, so a run cut short by its time limit keeps what it measured.
 """
 
@@ -32,14 +34,27 @@ from tmem.train.step import make_train_step  # noqa: E402
 ROWS = {"softmax": ["mixer=softmax", "mixer.implementation=plain"],
         "softmax_fused": ["mixer=softmax", "mixer.implementation=fused"],
         "deltanet": ["mixer=deltanet"], "gated_deltanet": ["mixer=gated_deltanet"]}
+# step time and utilisation only (no run to a target): a 100M-class softmax model at T = 1024, in float32 and
+# bfloat16, and chunked Gated DeltaNet at long sequences (4 heads of 128, fla's chunk of 64)
+BIG = ["task.seq_len=1024", "task.vocab=8192", "task.num_kv_pairs=64", "model.width=768", "model.depth=12",
+       "mixer.heads=12", "mlp=swiglu", "mlp.expansion=2.67", "train.batch_size=8", "train.microbatch=null"]
+LONG = ["task.vocab=32768", "task.num_kv_pairs=64", "model.width=512", "model.depth=2", "mixer.heads=4",
+        "train.batch_size=2", "train.microbatch=null"]
+SCALE = {"softmax_100m": ["mixer=softmax", *BIG],
+         "softmax_100m_bf16": ["mixer=softmax", *BIG, "train.compute_dtype=bfloat16"],
+         "gated_deltanet_4096": ["mixer=gated_deltanet", *LONG, "task.seq_len=4096"],
+         "gated_deltanet_16384": ["mixer=gated_deltanet", *LONG, "task.seq_len=16384"]}
+TINY_SCALE = ["task.vocab=64", "task.seq_len=32", "task.num_kv_pairs=2", "model.width=16", "model.depth=1",
+              "mixer.heads=2", "mlp.expansion=2", "train.batch_size=2"]
 TINY = ["task.vocab=32", "task.seq_len=16", "task.num_kv_pairs=2", "task.heldout_size=64", "model.width=16",
         "mixer.heads=2", "train.batch_size=16", "train.microbatch=8", "train.steps=6", "train.eval_every=3",
         "train.log_every=3", "train.checkpoint_every=6", "train.target=0.0"]
 
 
-def matmul_ceiling(n: int, reps: int = 10) -> float:
-    """FLOP/s of a large matmul in float32 (TF32 where the GPU allows it): the rate utilisation is counted against."""
-    a = jax.random.normal(jax.random.key(0), (n, n))
+def matmul_ceiling(n: int, reps: int = 10, dtype: str = "float32") -> float:
+    """FLOP/s of a large matmul (float32 is TF32 where the GPU allows it): the rate utilisation is counted against,
+    each row against the ceiling of its compute dtype."""
+    a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
     f = jax.jit(lambda a: a @ a)
     f(a).block_until_ready()
     start = time.perf_counter()
@@ -81,7 +96,7 @@ def step_times(cfgs: dict, rounds: int, steps: int) -> dict[str, dict]:
 
 def table(results: dict) -> str:
     lines = [f"device: {results['device']}, jax {results['jax']}; matmul ceiling "
-             f"{results['matmul_tflops']:.1f} TFLOP/s", "",
+             f"{results['matmul_tflops']:.1f} TFLOP/s (float32), {results['matmul_tflops_bf16']:.1f} (bfloat16)", "",
              "| row | step ms | MFU | compile s | 0.99 at step | time to 0.99 s |", "|---|---|---|---|---|---|"]
     for name, r in results["rows"].items():
         reached = r.get("target_step"), r.get("target_seconds")
@@ -95,29 +110,40 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json and table.md")
     parser.add_argument("--tiny", action="store_true", help="a tiny job and few steps: a smoke test on a CPU")
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--rows", nargs="+", default=[*ROWS, *SCALE], choices=[*ROWS, *SCALE])
     parser.add_argument("--skip-train", action="store_true", help="step times only, no time to 0.99")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     extra = TINY if args.tiny else []
     device = jax.devices()[0]
+    n = 256 if args.tiny else 8192
     results = {"device": f"{jax.device_count()} x {device.device_kind} ({device.platform})", "jax": jax.__version__,
-               "matmul_tflops": matmul_ceiling(256 if args.tiny else 8192) / 1e12, "rows": {}}
+               "matmul_tflops": matmul_ceiling(n) / 1e12, "matmul_tflops_bf16": matmul_ceiling(n, dtype="bfloat16") / 1e12,
+               "rows": {}}
 
     def save():
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         (args.out / "table.md").write_text(table(results) + "\n")
 
-    cfgs = {name: config(*ROWS[name], *extra)[0] for name in args.rows}
-    timed = step_times(cfgs, rounds=2 if args.tiny else 3, steps=3 if args.tiny else 100)
-    for name, cfg in cfgs.items():
-        flops = step_flops(cfg)["total"]
-        ms = timed[name]["step_ms"]
-        results["rows"][name] = {**timed[name], "flops": flops,
-                                 "mfu": flops / (ms / 1e3) / (results["matmul_tflops"] * 1e12)}
-    save()
+    def measure(overrides: dict[str, list[str]], steps: int):
+        cfgs = {name: config(*o, *extra)[0] for name, o in overrides.items()}
+        timed = step_times(cfgs, rounds=2 if args.tiny else 3, steps=3 if args.tiny else steps)
+        for name, cfg in cfgs.items():
+            flops, ms = step_flops(cfg)["total"], timed[name]["step_ms"]
+            ceiling = results["matmul_tflops_bf16" if cfg.train.compute_dtype == "bfloat16" else "matmul_tflops"]
+            results["rows"][name] = {**timed[name], "flops": flops, "mfu": flops / (ms / 1e3) / (ceiling * 1e12)}
+        save()
+
+    job = {name: ROWS[name] for name in args.rows if name in ROWS}
+    measure(job, steps=100)
+    scale = [name for name in args.rows if name in SCALE]
+    if scale:  # one at a time: each is large, and these are timed alone
+        extra = TINY_SCALE if args.tiny else []
+        for name in scale:
+            measure({name: SCALE[name]}, steps=10)
+        extra = TINY if args.tiny else []
     if not args.skip_train:
-        for name in args.rows:
+        for name in job:
             cfg, resolved = config(*ROWS[name], *extra)
             results["rows"][name].update(time_to_target(cfg, resolved))
             save()  # a run cut short keeps the rows done
