@@ -7,8 +7,10 @@ shows up as a failing case. Re-record only for a change meant to alter the math,
 and say so in the commit. Changes since: `record_cases` added the hopfield row's
 cases when the row was added (and the mesa and ttt_linear rows' when they were),
 and re-recorded tokens-mamba2 and vectors-mamba2 when the row's default became
-Mamba-2's reference layer; the mamba2-before cases hold the layer before to the
-original recording (copied, not re-measured).
+Mamba-2's reference layer, tokens-linear and vectors-linear when linear
+attention's q and k became unit vectors, and the gated_deltanet cases when its
+gate became a sigmoid; each `*-before` case holds the row's earlier setting to
+the original recording (copied, not re-measured).
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ MIXERS = sorted(p.stem for p in (HERE.parent / "configs" / "mixer").glob("*.yaml
 VECTOR = [*TINY_LINREG, "model.read_in=learned", "model.width=16", "model.depth=2"]
 
 
-# per-head B and C, no convolution bias, a per-head norm with the gate after it
-MAMBA2_BEFORE = ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
-                 "mixer.gate_before_norm=false"]
+# rows whose defaults changed after the recording: the settings they had, held to the original recording.
+# Mamba-2 before its reference layer: per-head B and C, no convolution bias, a per-head norm with the gate after
+# it; linear attention before unit q and k; Gated DeltaNet before its sigmoid gate
+BEFORE = {"mamba2": ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
+                     "mixer.gate_before_norm=false"],
+          "linear": ["mixer.qk_norm=none"],
+          "gated_deltanet": ["mixer.gate_activation=silu"]}
 
 
 def _with_heads(base, mixer):
@@ -59,9 +65,9 @@ def cases() -> dict[str, list[str]]:
     }.items():
         out[f"tokens-softmax-{name}"] = [*tokens, "mixer.heads=2", *extra]
     out["tokens-gla-mlp"] = [*_with_heads(tokens, "gla"), "mlp=relu", "model.depth=3"]
-    # Mamba-2 before its reference layer became the row's default: the recording's own layer, kept as a setting
-    for kind in ("tokens", "vectors"):
-        out[f"{kind}-mamba2-before"] = [*out[f"{kind}-mamba2"], *MAMBA2_BEFORE]
+    for row, settings in BEFORE.items():  # each row as it was recorded, kept as a setting
+        for kind in ("tokens", "vectors"):
+            out[f"{kind}-{row}-before"] = [*out[f"{kind}-{row}"], *settings]
     out["vectors-lsa-identity"] = list(TINY_LINREG)
     out["vectors-lsa-tied"] = [*TINY_LINREG, "model.depth=3", "model.tie_blocks=true", "mixer.init_scale=0.1"]
     out["vectors-softmax-garg"] = [*_with_heads(VECTOR, "softmax"), "task.format=garg", "task.score=every",
