@@ -25,11 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
-from mqar_speed import config, time_to_target  # noqa: E402
+from mqar_rows import compiled_step  # noqa: E402
+from mqar_speed import config, matmul_rate, time_to_target  # noqa: E402
 
 from tmem.flops import step_flops  # noqa: E402
-from tmem.train.build import build  # noqa: E402
-from tmem.train.step import make_train_step  # noqa: E402
 
 ROWS = {"softmax": ["mixer=softmax", "mixer.implementation=plain"],
         "softmax_fused": ["mixer=softmax", "mixer.implementation=fused"],
@@ -51,27 +50,10 @@ TINY = ["task.vocab=32", "task.seq_len=16", "task.num_kv_pairs=2", "task.heldout
         "train.log_every=3", "train.checkpoint_every=6", "train.target=0.0"]
 
 
-def matmul_ceiling(n: int, reps: int = 10, dtype: str = "float32") -> float:
+def matmul_ceiling(n: int, dtype: str = "float32") -> float:
     """FLOP/s of a large matmul (float32 is TF32 where the GPU allows it): the rate utilisation is counted against,
     each row against the ceiling of its compute dtype."""
-    a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
-    f = jax.jit(lambda a: a @ a)
-    f(a).block_until_ready()
-    start = time.perf_counter()
-    for _ in range(reps):
-        out = f(a)
-    out.block_until_ready()
-    return 2 * n**3 * reps / (time.perf_counter() - start)
-
-
-def compiled_step(cfg):
-    """The step train.py runs, compiled, with its state and its compile time in seconds."""
-    t = cfg.train
-    graphdef, state, tx, schedule = build(cfg)
-    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
-    start = time.perf_counter()
-    compiled = step.lower(state).compile()
-    return compiled, state, time.perf_counter() - start
+    return matmul_rate(n, reps=10, dtype=dtype)
 
 
 def step_times(cfgs: dict, rounds: int, steps: int) -> dict[str, dict]:
@@ -118,7 +100,7 @@ def main(argv=None) -> dict:
     device = jax.devices()[0]
     n = 256 if args.tiny else 8192
     results = {"device": f"{jax.device_count()} x {device.device_kind} ({device.platform})", "jax": jax.__version__,
-               "matmul_tflops": matmul_ceiling(n) / 1e12, "matmul_tflops_bf16": matmul_ceiling(n, dtype="bfloat16") / 1e12,
+               "matmul_tflops": matmul_ceiling(n) / 1e12, "matmul_tflops_bf16": matmul_ceiling(n, "bfloat16") / 1e12,
                "rows": {}}
 
     def save():

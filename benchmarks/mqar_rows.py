@@ -40,7 +40,8 @@ def compiled_step(cfg):
     """The train step train.py runs, compiled, its state, and the compile time."""
     t = cfg.train
     graphdef, state, tx, schedule = build(cfg)
-    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
+    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch,
+                                   compute_dtype=t.compute_dtype), donate_argnums=0)
     start = time.perf_counter()
     compiled = step.lower(state).compile()
     return compiled, state, time.perf_counter() - start

@@ -42,9 +42,9 @@ def config(*overrides):
     return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
 
 
-def matmul_rate(n: int = 1024, reps: int = 20) -> float:
-    """FLOP/s of a large float32 matmul: what this CPU does at best."""
-    a = jax.random.normal(jax.random.key(0), (n, n))
+def matmul_rate(n: int = 1024, reps: int = 20, dtype: str = "float32") -> float:
+    """FLOP/s of a large matmul (float32 unless told): what the device does at best."""
+    a = jax.random.normal(jax.random.key(0), (n, n)).astype(dtype)
     f = jax.jit(lambda a: a @ a)
     f(a).block_until_ready()
     start = time.perf_counter()

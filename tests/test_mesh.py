@@ -97,6 +97,7 @@ def two_devices(tmp_path_factory):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # one subprocess of its own with 2 devices, shared by these three
 def test_two_devices_train_as_one(two_devices):
     out = two_devices
     assert out["device_count"] == 2
@@ -110,6 +111,7 @@ def test_two_devices_train_as_one(two_devices):
                                "state replicated")
 
 
+@pytest.mark.slow  # one subprocess of its own with 2 devices, shared by these three
 def test_checkpoints_restore_under_another_device_layout(two_devices):
     out = two_devices
     for name, devices in (("2to1", [1]), ("1to2", [2])):
@@ -118,6 +120,7 @@ def test_checkpoints_restore_under_another_device_layout(two_devices):
         assert out[f"restore_{name}_devices"] == devices, name
 
 
+@pytest.mark.slow  # one subprocess of its own with 2 devices, shared by these three
 def test_a_batch_the_devices_do_not_divide_is_one_line_before_anything_is_built(two_devices):
     assert two_devices["odd_error"] == (
         "train.microbatch=9 does not split evenly over the 2 devices of the data mesh: choose a multiple of 2, or "
