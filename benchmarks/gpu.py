@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
-from mqar_rows import compiled_step  # noqa: E402
+from mqar_rows import time_steps  # noqa: E402
 from mqar_speed import config, matmul_rate, time_to_target  # noqa: E402
 
 from tmem.flops import step_flops  # noqa: E402
@@ -54,26 +52,6 @@ def matmul_ceiling(n: int, dtype: str = "float32") -> float:
     """FLOP/s of a large matmul (float32 is TF32 where the GPU allows it): the rate utilisation is counted against,
     each row against the ceiling of its compute dtype."""
     return matmul_rate(n, reps=10, dtype=dtype)
-
-
-def step_times(cfgs: dict, rounds: int, steps: int) -> dict[str, dict]:
-    """Median ms per step of each row over `rounds` rounds taken in turns, and each row's compile time."""
-    built = {name: compiled_step(cfg) for name, cfg in cfgs.items()}
-    states = {name: b[1] for name, b in built.items()}
-    times: dict[str, list[float]] = {name: [] for name in cfgs}
-    for _ in range(rounds):
-        for name, (compiled, _, _) in built.items():
-            state = states[name]
-            for _ in range(3):
-                state, _m = compiled(state)
-            jax.block_until_ready(state)
-            start = time.perf_counter()
-            for _ in range(steps):
-                state, _m = compiled(state)
-            jax.block_until_ready(state)
-            times[name].append(1e3 * (time.perf_counter() - start) / steps)
-            states[name] = state
-    return {name: {"step_ms": statistics.median(ms), "compile_s": built[name][2]} for name, ms in times.items()}
 
 
 def table(results: dict) -> str:
@@ -109,7 +87,8 @@ def main(argv=None) -> dict:
 
     def measure(overrides: dict[str, list[str]], steps: int):
         cfgs = {name: config(*o, *extra)[0] for name, o in overrides.items()}
-        timed = step_times(cfgs, rounds=2 if args.tiny else 3, steps=3 if args.tiny else steps)
+        rounds = 2 if args.tiny else 3
+        timed = time_steps(cfgs, steps=rounds * (3 if args.tiny else steps), rounds=rounds)
         for name, cfg in cfgs.items():
             flops, ms = step_flops(cfg)["total"], timed[name]["step_ms"]
             ceiling = results["matmul_tflops_bf16" if cfg.train.compute_dtype == "bfloat16" else "matmul_tflops"]

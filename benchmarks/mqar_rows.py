@@ -49,9 +49,13 @@ def compiled_step(cfg):
 
 def step_times(rows, overrides, steps: int, rounds: int) -> dict[str, dict]:
     """Per row: compile seconds and the median over `rounds` turns of the mean step time, in ms."""
+    return time_steps({row: config(f"mixer={row}", *overrides)[0] for row in rows}, steps, rounds)
+
+
+def time_steps(cfgs: dict, steps: int, rounds: int) -> dict[str, dict]:
+    """step_times for any named configs: each compiled once, then `steps` steps each in `rounds` turns."""
     programs = {}
-    for row in rows:
-        cfg, _ = config(f"mixer={row}", *overrides)
+    for row, cfg in cfgs.items():
         compiled, state, compile_s = compiled_step(cfg)
         for _ in range(5):  # warm: the first calls allocate
             state, _ = compiled(state)

@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -43,12 +42,13 @@ def test_a_bfloat16_step_keeps_parameters_and_optimizer_state_in_float32(tiny_cf
     built = build(cfg)
     step = fast_jit(make_train_step(built.graphdef, cfg.task, built.tx, 16, built.schedule, None, None,
                                    cfg.train.compute_dtype))
-    state, metrics = step(built.state)
+    state, metrics = step(step(built.state)[0])  # two steps: warmup's first rate is 0
     assert np.isfinite(float(metrics["loss"]))
     floats = [x for x in jax.tree.leaves((nnx.to_pure_dict(state.params), state.opt_state))
               if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
     assert floats and {x.dtype for x in floats} == {jnp.dtype(jnp.float32)}
-    assert isinstance(built.tx, optax.GradientTransformation)
+    before = jax.tree.leaves(nnx.to_pure_dict(built.state.params))  # not donated: still readable
+    assert any(not np.array_equal(a, b) for a, b in zip(before, jax.tree.leaves(nnx.to_pure_dict(state.params))))
 
 
 def test_an_unknown_compute_dtype_is_one_line(tiny_cfg):

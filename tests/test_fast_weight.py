@@ -129,7 +129,8 @@ def test_deltanet_learns_recall_on_the_default_mqar_job(tiny_cfg, tmp_path):
 
 def test_written_out_norms_equal_their_definitions():
     """The layer's RMSNorm equals nnx.RMSNorm's, and the L2 normalisation's written-out backward equals autodiff's."""
-    from tmem.mixers.fast_weight import _l2_normalize, _rms_norm
+    from tmem.layers import l2_normalize as _l2_normalize
+    from tmem.mixers.fast_weight import _rms_norm
     x, dy, scale = (jax.random.normal(jax.random.key(i), shape) for i, shape in
                     enumerate([(2, 5, 3, 8), (2, 5, 3, 8), (8,)]))
     norm = nnx.RMSNorm(8, epsilon=1e-5, rngs=nnx.Rngs(0))

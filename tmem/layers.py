@@ -100,6 +100,27 @@ def _causal_conv_bwd(residuals, g):
 causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
 
 
+@jax.custom_vjp
+def l2_normalize(x):
+    """x / sqrt(|x|^2 + 1e-6) along the last axis: unit q and k for the fast-weight and mesa rows."""
+    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def _l2_normalize_fwd(x):
+    r = jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+    y = x * r
+    return y, (y, r)
+
+
+def _l2_normalize_bwd(residuals, dy):
+    # written out, dx = r (dy - y (y . dy)): one pass, where autodiff's goes through the rsqrt in several
+    y, r = residuals
+    return (r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True)),)
+
+
+l2_normalize.defvjp(_l2_normalize_fwd, _l2_normalize_bwd)
+
+
 class ShortConv(nnx.Module):
     """Depthwise causal convolution over time: y_t = sum_{i<K} w_{K-1-i} * x_{t-i}, channel by channel.
 

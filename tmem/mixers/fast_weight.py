@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv, short_conv
+from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
@@ -142,27 +142,6 @@ def _inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
 
 
-@jax.custom_vjp
-def _l2_normalize(x):
-    """x / sqrt(|x|^2 + 1e-6) along the last axis."""
-    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
-
-
-def _l2_normalize_fwd(x):
-    r = jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
-    y = x * r
-    return y, (y, r)
-
-
-def _l2_normalize_bwd(residuals, dy):
-    # written out, dx = r (dy - y (y . dy)): one pass, where autodiff's goes through the rsqrt in several
-    y, r = residuals
-    return (r * (dy - y * jnp.sum(y * dy, axis=-1, keepdims=True)),)
-
-
-_l2_normalize.defvjp(_l2_normalize_fwd, _l2_normalize_bwd)
-
-
 def _rms_norm(x, scale, epsilon):
     """x / sqrt(mean(x^2) + epsilon) * scale over the last axis. nnx.RMSNorm computes the same through its
     general mean-and-variance path, which inside a CPU training step cost several times more."""
@@ -265,7 +244,7 @@ class FastWeight(Mixer):
         q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu) for y in (q, k))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":
-            q, k = _l2_normalize(q), _l2_normalize(k)
+            q, k = l2_normalize(q), l2_normalize(k)
         elif cfg.qk_norm == "rms":
             q, k = (_rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
         if cfg.groups != H:  # each group's q and k to its heads, in contiguous blocks as in Mamba-2

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv, short_conv
+from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
 from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
@@ -74,10 +74,6 @@ class MesaState(MixerState):
     conv: jax.Array | None  # [B, K-1, q and k channels side by side]
 
 
-def _l2_normalize(x):
-    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
-
-
 class Mesa(Mixer):
     """A mesa layer: write every token into H and G, read the ridge solution with the queries.
 
@@ -110,7 +106,7 @@ class Mesa(Mixer):
             kernel = jnp.concatenate([self.conv_q.kernel[...], self.conv_k.kernel[...]], axis=1)
             qk, tail = short_conv(jnp.concatenate([q, k], -1), kernel, None if state is None else state.conv)
             q, k = jnp.split(jax.nn.silu(qk), 2, axis=-1)
-        q, k = (_l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
+        q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
         v = v.reshape(B, T, H, self.d)
         log_a = jax.nn.log_sigmoid(self.forget(x_btd))
         beta = jax.nn.sigmoid(self.write(x_btd))
