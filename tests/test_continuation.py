@@ -8,6 +8,7 @@ are checked as counters: learned positions and RoPE start where they say.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -17,7 +18,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, fast_jit
-from golden import MIXERS, VECTOR, _with_heads
+from golden import MIXERS, TOKENS_ONLY, VECTOR, _with_heads
+from tmem.mixers import CONFIGS
 
 
 
@@ -27,8 +29,11 @@ def splits(T: int) -> tuple[int, int]:
 
 
 def _chunked(mixer: str) -> list[str]:
-    """A chunk of 4 where the row has one, so every split falls inside a chunk."""
-    return ["mixer.chunk=4"] if "chunk" in OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml") else []
+    """A chunk of 4 where the row's file sets one, and a mini-batch of 4 where the row has mini-batches, so every
+    split falls inside one."""
+    chunk = ["mixer.chunk=4"] if "chunk" in OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml") else []
+    return chunk + (["mixer.mini_batch=4"] if "mini_batch" in {f.name for f in dataclasses.fields(CONFIGS[mixer])}
+                    else [])
 
 
 def cases() -> dict[str, list[str]]:
@@ -36,6 +41,8 @@ def cases() -> dict[str, list[str]]:
     out = {}
     for m in MIXERS:
         out[f"tokens-{m}"] = [*_with_heads(tokens, m), *_chunked(m)]
+        if m in TOKENS_ONLY:
+            continue
         # a looped model keeps one state per application; learned positions need the token count
         out[f"tokens-{m}-tied-learned"] = [*out[f"tokens-{m}"], "model.depth=3", "model.tie_blocks=true",
                                            "model.positions=learned"]

@@ -7,7 +7,7 @@ from flax import nnx
 
 from tmem.config import MLPConfig, ModelConfig
 from tmem.layers import MLP, make_norm
-from tmem.mixers import MIXERS, MixerConfig, MixerState
+from tmem.mixers import MixerConfig, MixerState, layer_of
 from tmem.mixers.base import at_positions
 
 
@@ -21,7 +21,7 @@ class Block(nnx.Module):
                  rngs: nnx.Rngs, post_norm: bool = False):
         self.post_norm = post_norm
         self.mixer_norm = make_norm(norm, width, rngs)
-        self.mixer = MIXERS[mixer.name].layer(mixer, width, rope=positions == "rope", rngs=rngs)
+        self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope", rngs=rngs)
         if mlp.name != "none":
             self.mlp_norm = make_norm(norm, width, rngs)
             self.mlp = MLP(width, int(round(mlp.expansion * width)), mlp.name, bias=mlp.bias, rngs=rngs)

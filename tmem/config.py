@@ -3,7 +3,7 @@
 Hydra composes YAML; `validate` turns the result into frozen dataclasses and
 turns every problem into one `ConfigError` line naming the field and what is
 allowed. Task and mixer schemas live beside their code (tasks.TASKS,
-tmem.mixers.MIXERS) so adding one needs no edit here.
+tmem.mixers.CONFIGS) so adding one needs no edit here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
 from tmem.layers import MLPS, NORMS
-from tmem.mixers import MIXERS, MixerConfig
+from tmem.mixers import CONFIGS, MixerConfig
 
 
 class ConfigError(ValueError):
@@ -258,7 +258,7 @@ def validate(cfg: DictConfig) -> Config:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
-    mixer = parse_group("mixer", MIXERS[_registered("mixer", cfg.mixer, MIXERS)].config, cfg.mixer)
+    mixer = parse_group("mixer", CONFIGS[_registered("mixer", cfg.mixer, CONFIGS)], cfg.mixer)
     try:
         mixer = mixer.fit(task)
     except ValueError as e:
@@ -310,7 +310,7 @@ def register_bases() -> None:
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(schema()).items()},
                 **values}
 
-    for row in {row.config for row in MIXERS.values()}:
+    for row in set(CONFIGS.values()):
         store.store(group="mixer", name=f"base_{row.__module__.rsplit('.', 1)[-1]}", node=node(row))
     for name, schema in TASKS.items():
         store.store(group="task", name=f"base_{name}", node={"name": name, **node(schema)})

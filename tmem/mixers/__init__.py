@@ -2,6 +2,12 @@
 
 Adding a row is a module (its config extends MixerConfig, its layer is a
 Mixer), one line in MIXERS and one YAML file under configs/mixer/.
+
+`regression` is no row of its own: its config names a cell of the
+test-time-regression grid by three knobs and resolves, when validated, to the
+config of the row that computes it (tmem/mixers/regression.py). CONFIGS holds
+every config a YAML may name; the layer is found from the resolved config's
+type (`layer_of`).
 """
 
 from typing import NamedTuple
@@ -13,7 +19,9 @@ from tmem.mixers.hopfield import Hopfield, HopfieldConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
 from tmem.mixers.mesa import Mesa, MesaConfig
 from tmem.mixers.none import NoMixer, NoneConfig
-from tmem.mixers.ttt import TTTConfig, TTTLinear
+from tmem.mixers.regression import RegressionConfig
+from tmem.mixers.titans import Titans, TitansConfig
+from tmem.mixers.ttt import TTT, TTTConfig
 
 
 class Row(NamedTuple):
@@ -36,8 +44,21 @@ MIXERS: dict[str, Row] = {
     "deltanet": FAST_WEIGHT,
     "gated_deltanet": FAST_WEIGHT,
     "mesa": Row(MesaConfig, Mesa),  # online ridge regression: the optimiser "solve" (MesaNet)
-    "ttt_linear": Row(TTTConfig, TTTLinear),  # mini-batch gradient steps on x + LN(x W + b) (TTT-Linear)
+    "ttt_linear": Row(TTTConfig, TTT),  # mini-batch gradient steps on x + LN(x W + b) (TTT-Linear)
+    "ttt_mlp": Row(TTTConfig, TTT),  # the same on x + LN(MLP(x)) (TTT-MLP)
+    "titans": Row(TitansConfig, Titans),  # an MLP memory by gradient descent with momentum and a forget gate
     "none": Row(NoneConfig, NoMixer),  # no mixing: each position alone (the slow memory's one-block model)
 }
 
-__all__ = ["MIXERS", "Mixer", "MixerConfig", "MixerState", "Row"]
+# every config a mixer YAML may name: the rows', and the grid's, which resolves to one of theirs
+CONFIGS: dict[str, type[MixerConfig]] = {**{name: row.config for name, row in MIXERS.items()},
+                                         "regression": RegressionConfig}
+_LAYERS = {row.config: row.layer for row in MIXERS.values()}
+
+
+def layer_of(config: MixerConfig) -> type[Mixer]:
+    """The layer that computes a (resolved) config: one layer per config type."""
+    return _LAYERS[type(config)]
+
+
+__all__ = ["CONFIGS", "MIXERS", "Mixer", "MixerConfig", "MixerState", "Row", "layer_of"]

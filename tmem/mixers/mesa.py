@@ -23,9 +23,11 @@ from flax import nnx, struct
 
 from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
+from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 FORMS = ("parallel", "recurrent")
+FORGETS = ("gate", "fixed", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +42,15 @@ class MesaConfig(MixerConfig):
     short_conv: int = 4  # kernel of the causal convolution (with SiLU) on q and k; 0 for none
     lambda_floor: float = 0.25  # Lambda = softplus(p) + lambda_floor > lambda_floor: the system stays well posed
     lambda_init: float = 1.0
+    # the regression weights gamma: gate (MesaNet's a_t from the token) | fixed (RetNet's decay per head) | none
+    # (uniform: every pair counts alike, the regression of the whole prefix)
+    forget: str = "gate"
     output_gate: bool = False  # RMSNorm(o) * act(W_g x), fla's use_output_gate
     gate_activation: str = "silu"
 
     def check(self, width: int) -> None:
-        for field, allowed in (("form", FORMS), ("solver", mesa.SOLVERS), ("gate_activation", tuple(GATE_ACTIVATIONS))):
+        for field, allowed in (("form", FORMS), ("solver", mesa.SOLVERS), ("gate_activation", tuple(GATE_ACTIVATIONS)),
+                               ("forget", FORGETS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
         if self.heads < 1 or width % self.heads:
@@ -86,7 +92,9 @@ class Mesa(Mixer):
         H, self.d = cfg.heads, width // cfg.heads
         linear = lambda n_out, bias=False: nnx.Linear(width, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
         self.q, self.k, self.v = linear(width), linear(width), linear(width)
-        self.forget, self.write = linear(H, bias=True), linear(H, bias=True)  # fla's a_proj, b_proj
+        if cfg.forget == "gate":
+            self.forget = linear(H, bias=True)  # fla's a_proj
+        self.write = linear(H, bias=True)  # fla's b_proj
         if cfg.short_conv:
             self.conv_q, self.conv_k = (ShortConv(width, cfg.short_conv, rngs=rngs) for _ in range(2))
         p = math.log(math.expm1(cfg.lambda_init - cfg.lambda_floor))  # softplus(p) + floor = lambda_init
@@ -108,7 +116,11 @@ class Mesa(Mixer):
             q, k = jnp.split(jax.nn.silu(qk), 2, axis=-1)
         q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
         v = v.reshape(B, T, H, self.d)
-        log_a = jax.nn.log_sigmoid(self.forget(x_btd))
+        log_a = jnp.zeros((B, T, H))
+        if cfg.forget == "gate":
+            log_a = jax.nn.log_sigmoid(self.forget(x_btd))
+        elif cfg.forget == "fixed":
+            log_a = jnp.broadcast_to(retnet_log_decay(H), (B, T, H))
         beta = jax.nn.sigmoid(self.write(x_btd))
         lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))

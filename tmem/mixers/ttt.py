@@ -1,9 +1,10 @@
-"""The ttt_linear row: test-time training of a linear inner model by mini-batch gradient steps (Sun et al. 2024).
+"""The ttt_linear and ttt_mlp rows: test-time training by mini-batch gradient steps (Sun et al. 2024).
 
-The memory (tmem/memory/ttt.py) is the inner model f(x) = x + LN(x W + b)
-per head, trained inside the forward pass on the loss
-1/2 ||LN(k W + b) - (v - k)||^2 with a mini-batch of `mini_batch` tokens per
-step and a learned per-token rate. The layer follows the official JAX code
+The memory is the inner model f(x) = x + LN(g(x)) per head, g linear
+(x W + b; tmem/memory/ttt.py, with its hand-written dual form) or an MLP
+(GELU(x W1 + b1) W2 + b2, hidden 4d; tmem/memory/gradient.py), trained inside
+the forward pass on the loss 1/2 ||LN(g(k)) - (v - k)||^2 with a mini-batch of
+`mini_batch` tokens per step and a learned per-token rate. The layer follows the official JAX code
 (test-time-training/ttt-lm-jax, TTTLinear; anchors/mixers.md 4.1):
 
 * q and k share one projection, each with its own causal depthwise
@@ -14,7 +15,7 @@ step and a learned per-token rate. The layer follows the official JAX code
   permutation of the official's adjacent pairs);
 * the rate lr_j = base_lr sigmoid(w_h . x_j + c_h) / d per head, and the
   reading position's factor max(0, 1/(i+1) + offset_i), offsets learned from 0;
-* the initial weights W_0 ~ N(0, 0.02), b_0 = 0 and the inner LayerNorm's
+* the initial weights W_0 ~ N(0, 0.02) (each of the MLP's), b_0 = 0 and the inner LayerNorm's
   scale and bias (per head, from 1 and 0) are slow weights, learned by the
   outer loop and never changed by the inner one;
 * the read is LayerNormed over the width, gated by GELU(W_g x) (tanh form),
@@ -35,10 +36,11 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from tmem.layers import ShortConv, rope
-from tmem.memory import ttt
+from tmem.memory import gradient, ttt
 from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 FORMS = ("dual", "recurrent")
+INNERS = ("linear", "mlp")
 INIT_STD = 0.02  # the official initializer_range, for W_0 and the rate's weights
 
 
@@ -47,15 +49,20 @@ class TTTConfig(MixerConfig):
     name: str = "ttt_linear"
     lr: float | None = 1e-2
     heads: int = 4
+    inner: str = "linear"  # the inner model g: linear (TTT-Linear) | mlp (TTT-MLP: GELU, hidden expansion x d)
+    expansion: int = 4
     mini_batch: int = 16  # b: tokens whose gradients are taken at the same starting weights (official: 16)
-    base_lr: float = 1.0  # the inner rate's scale (official: 1.0 for TTT-Linear)
+    base_lr: float = 1.0  # the inner rate's scale (official: 1.0 for TTT-Linear, 0.1 for TTT-MLP)
     form: str = "dual"  # dual (training: masked matmuls within a mini-batch) | recurrent (the definition)
     short_conv: int = 4  # kernel of the convolutions on q and k (official conv_width 4); 0 for none
     rope: bool = True  # RoPE on q and k at the position within the mini-batch
 
     def check(self, width: int) -> None:
-        if self.form not in FORMS:
-            raise ValueError(f"mixer.form={self.form!r} is not one of: {', '.join(FORMS)}")
+        for field, allowed in (("form", FORMS), ("inner", INNERS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
+        if self.expansion < 1:
+            raise ValueError(f"mixer.expansion={self.expansion} must be positive")
         if self.heads < 1 or width % self.heads:
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
         if self.rope and (width // self.heads) % 2:
@@ -68,25 +75,27 @@ class TTTConfig(MixerConfig):
             raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
 
     def state_size(self, width: int, seq_len: int) -> int:
-        """W, b and the open mini-batch's sums dW, db per head, and the convolution's window."""
-        d = width // self.heads
-        return self.heads * 2 * (d * d + d) + max(self.short_conv - 1, 0) * width
+        """The weights and the open mini-batch's change of them per head (and the MLP's decay product, always 1),
+        and the convolution's window."""
+        d, hidden = width // self.heads, self.expansion * width // self.heads
+        params = d * d + d if self.inner == "linear" else 2 * d * hidden + hidden + d
+        return self.heads * (2 * params + (self.inner == "mlp")) + max(self.short_conv - 1, 0) * width
 
 
 @struct.dataclass
 class TTTState(MixerState):
-    """The open mini-batch's starting weights W [B, H, d, d], b [B, H, d], its rate-weighted gradient sums
-    dW, db, and the convolution's last inputs. `length % mini_batch` is where in the mini-batch it stopped."""
+    """The memory and the convolution's last inputs. `length % mini_batch` is where in the mini-batch it stopped.
 
-    W: jax.Array
-    b: jax.Array
-    dW: jax.Array
-    db: jax.Array
+    The memory of TTT-Linear is (W [B, H, d, d], b [B, H, d]) the open mini-batch started from and its
+    rate-weighted gradient sums (dW, db); TTT-MLP's is tmem.memory.gradient's (M_0, U, A, None).
+    """
+
+    memory: tuple
     conv: jax.Array | None
 
 
-class TTTLinear(Mixer):
-    """A TTT-Linear layer; the final state is sown as the `state` intermediate."""
+class TTT(Mixer):
+    """A TTT-Linear or TTT-MLP layer; the final state is sown as the `state` intermediate."""
 
     def __init__(self, cfg: TTTConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # the layer's own RoPE, within the mini-batch (cfg.rope)
@@ -97,13 +106,22 @@ class TTTLinear(Mixer):
         if cfg.short_conv:
             self.conv_q, self.conv_k = (ShortConv(width, cfg.short_conv, bias=True, rngs=rngs) for _ in range(2))
         normal = lambda shape: INIT_STD * jax.random.normal(rngs.params(), shape)  # noqa: E731
-        self.W0, self.b0 = nnx.Param(normal((H, self.d, self.d))), nnx.Param(jnp.zeros((H, self.d)))
+        if cfg.inner == "linear":
+            self.W0, self.b0 = nnx.Param(normal((H, self.d, self.d))), nnx.Param(jnp.zeros((H, self.d)))
+        else:
+            mlp = gradient.init_params(self.mlp, H, self.d, cfg.expansion * self.d, rngs.params(), INIT_STD)
+            self.W1, self.b1, self.W2, self.b2 = (nnx.Param(mlp[name]) for name in ("W1", "b1", "W2", "b2"))
         self.ttt_scale, self.ttt_bias = nnx.Param(jnp.ones((H, self.d))), nnx.Param(jnp.zeros((H, self.d)))
         self.lr_kernel, self.lr_bias = nnx.Param(normal((width, H))), nnx.Param(jnp.zeros((H,)))
         self.token_offset = nnx.Param(jnp.zeros((cfg.mini_batch,)))
         self.post_norm = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
 
+    mlp = gradient.Inner("mlp", bias=True, norm=True)
+
     def initial_state(self, B: int):
+        if self.cfg.inner == "mlp":
+            return gradient.initial_state({name: getattr(self, name)[...] for name in ("W1", "b1", "W2", "b2")}, B,
+                                          momentum=False)
         H, d = self.cfg.heads, self.d
         W = jnp.broadcast_to(self.W0[...][None], (B, H, d, d))
         b = jnp.broadcast_to(self.b0[...][None], (B, H, d))
@@ -127,11 +145,17 @@ class TTTLinear(Mixer):
             q, k = rope(q, place), rope(k, place)
         lr = cfg.base_lr * jax.nn.sigmoid(x_btd @ self.lr_kernel[...] + self.lr_bias[...][None, None]) / self.d
         token_lr = jnp.maximum(1.0 / jnp.arange(1, cfg.mini_batch + 1) + self.token_offset[...], 0.0)
-        memory = self.initial_state(B) if state is None else (state.W, state.b, state.dW, state.db)
-        form = ttt.dual if cfg.form == "dual" else ttt.recurrent
-        o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=self.ttt_scale[...], ln_bias=self.ttt_bias[...],
-                         state=memory, mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
+        memory = self.initial_state(B) if state is None else state.memory
+        ln = self.ttt_scale[...], self.ttt_bias[...]
+        if cfg.inner == "linear":
+            form = ttt.dual if cfg.form == "dual" else ttt.recurrent
+            o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=ln[0], ln_bias=ln[1], state=memory,
+                             mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
+        else:
+            form = gradient.parallel if cfg.form == "dual" else gradient.recurrent
+            o, memory = form(q, k, v, inner=self.mlp, theta=lr, tok=token_lr, ln=ln, state=memory,
+                             mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         o = mask_heads(at_positions(o, read_at), head_mask).reshape(B, -1, D)
         o = self.post_norm(o) * jax.nn.gelu(at_positions(self.gate(x_btd), read_at), approximate=True)
-        return self.out(o), TTTState(*memory, tail, length=start + T)
+        return self.out(o), TTTState(tuple(memory), tail, length=start + T)

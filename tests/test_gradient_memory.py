@@ -1,0 +1,132 @@
+"""The gradient memory (tmem/memory/gradient.py): its parallel form equals its definition, and the note's oracles.
+
+* Every parallel form equals the token loop (outputs, final state, gradients), for a linear and an MLP memory,
+  with and without momentum, decay, LayerNorm and residual, from a fresh state and from one cut inside a
+  mini-batch.
+* With TTT's settings and a linear memory it equals TTT-Linear's own dual form (tmem/memory/ttt.py), which was
+  written independently, with the LayerNorm's backward by hand.
+* Chapter 10: a linear memory without LayerNorm, residual or the v - k target, from W_0 = 0, with a constant rate
+  1 on the half-loss 1/2 ||v - k W||^2 (1/2 on TTT's loss ||v - k W||^2) and one mini-batch of the whole
+  sequence is linear attention without normaliser.
+* Titans: that memory with momentum 0, no forget gate and mini-batches of one token is the delta rule with
+  beta_t = theta_t on the half-loss (2 theta_t on Titans' loss ||M(k) - v||^2).
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import fast_jit
+from tmem.memory import gradient, ttt
+from tmem.memory.linear_state import recurrent as linear_recurrent
+
+B, T, H, D, HIDDEN = 2, 13, 2, 4, 8
+FULL = jax.lax.Precision.HIGHEST
+
+
+def rel_err(a, b):
+    diff, norm = float(jnp.linalg.norm((a - b).ravel())), float(jnp.linalg.norm(b.ravel()))
+    return diff / norm if norm else diff
+
+
+def inputs(inner, *, momentum, decay, mini_batch, start, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 12)
+    normal = lambda i, shape, s=1.0: s * jax.random.normal(ks[i], shape)  # noqa: E731
+    M0, U, A, S = gradient.initial_state(gradient.init_params(inner, H, D, HIDDEN, ks[9], 0.3), B, momentum)
+    if start:  # a state cut inside a mini-batch: a change since M_0, a decay product, a momentum
+        U = jax.tree.map(lambda x: normal(10, x.shape, 0.1), U)
+        A = jnp.full((B, H), 0.7)
+    if momentum:
+        S = jax.tree.map(lambda x: normal(11, x.shape, 0.1), S)
+    b = mini_batch or 1
+    return dict(q=normal(0, (B, T, H, D)), k=normal(1, (B, T, H, D)), v=normal(2, (B, T, H, D)),
+                theta=jax.nn.sigmoid(normal(3, (B, T, H))) / D,
+                log_a=jax.nn.log_sigmoid(normal(4, (B, T, H)) + 3) if decay else None,
+                log_eta=jax.nn.log_sigmoid(normal(5, (B, T, H))) if momentum else None,
+                tok=None if mini_batch is None else jnp.maximum(1 / jnp.arange(1, b + 1) + normal(6, (b,), 0.1), 0),
+                ln=(1 + normal(7, (H, D), 0.1), normal(8, (H, D), 0.1)), state=(M0, U, A, S))
+
+
+@partial(fast_jit, static_argnums=(0, 1), static_argnames=("mini_batch", "start"))
+def value_and_grads(form, inner, x, **kw):
+    """(o, state) and the gradients of a random projection of both w.r.t. every input."""
+    do = jax.random.normal(jax.random.key(7), (B, T, H, D))
+
+    def loss(x):
+        with jax.default_matmul_precision("highest"):
+            o, S = form(inner=inner, **x, **kw)
+        return jnp.sum(o * do) + sum(jnp.sum(jnp.sin(s)) for s in jax.tree.leaves(S)), (o, S)
+
+    grads, out = jax.grad(loss, has_aux=True)(x)
+    return out, grads
+
+
+CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, start
+    "ttt-linear-cut": (("linear", True, True), False, False, 4, 3),
+    "mlp-momentum-decay-cut": (("mlp", True, True), True, True, 4, 7),  # 7 tokens read: 3 into the second
+    "bare-mlp-per-token": (("mlp", False, False), True, True, 1, 0),
+    "mlp-one-step-continued": (("mlp", True, True), True, False, None, 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(case):
+    spec, momentum, decay, mini_batch, start = CASES[case]
+    inner = gradient.Inner(*spec)
+    x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start)
+    (o_ref, S_ref), g_ref = value_and_grads(gradient.recurrent, inner, x, mini_batch=mini_batch, start=start)
+    (o, S), g = value_and_grads(gradient.parallel, inner, x, mini_batch=mini_batch, start=start)
+    assert rel_err(o, o_ref) <= 1e-5
+    for a, b in zip(jax.tree.leaves(S), jax.tree.leaves(S_ref), strict=True):
+        assert rel_err(a, b) <= 1e-5
+    paths = jax.tree_util.tree_flatten_with_path(g_ref)[0]
+    for (path, b), a in zip(paths, jax.tree.leaves(g), strict=True):
+        assert rel_err(a, b) <= 1e-5, jax.tree_util.keystr(path)
+
+
+def test_a_linear_memory_with_ttts_settings_is_ttt_linears_own_dual_form():
+    inner = gradient.Inner("linear", bias=True, norm=True)
+    x = inputs(inner, momentum=False, decay=False, mini_batch=4, start=3)
+    M0, U, _, _ = x["state"]
+    o, (M, U_end, _, _) = gradient.parallel(**{**x, "state": (M0, U, jnp.ones((B, H)), None)}, inner=inner,
+                                            mini_batch=4, start=3)
+    # TTT-Linear's state is the mini-batch's start and the rate-weighted gradient sums: dW = -U
+    o_ttt, (W, b, dW, db) = ttt.dual(x["q"], x["k"], x["v"], lr=x["theta"], token_lr=x["tok"], ln_scale=x["ln"][0],
+                                     ln_bias=x["ln"][1], state=(M0["W1"], M0["b1"], -U["W1"], -U["b1"]),
+                                     mini_batch=4, start=3, precision=FULL)
+    assert rel_err(o, o_ttt) <= 1e-5
+    for a, b_ in ((M["W1"], W), (M["b1"], b), (U_end["W1"], -dW), (U_end["b1"], -db)):
+        assert rel_err(a, b_) <= 1e-5
+
+
+def test_one_step_from_zero_on_the_whole_sequence_is_linear_attention():
+    """Without bias: o_i = q_i W_i, W_i = sum_{j<=i} k_j v_j^T (rate 1 on the half-loss). With a bias, the
+    memory also learns b_i = sum_j v_j: linear attention over keys and queries with a constant 1 appended."""
+    x = inputs(gradient.Inner("linear", bias=False, norm=False), momentum=False, decay=False, mini_batch=None,
+               start=0)
+    ones = jnp.ones((B, T, H))
+    with jax.default_matmul_precision("highest"):
+        reference, _ = linear_recurrent(x["q"], x["k"], x["v"], precision=FULL)
+        for bias in (False, True):
+            inner = gradient.Inner("linear", bias=bias, norm=False)
+            zero = gradient.initial_state(gradient.init_params(inner, H, D, HIDDEN, jax.random.key(0), 0.0), B,
+                                          False)
+            o, _ = gradient.parallel(x["q"], x["k"], x["v"], inner=inner, theta=ones, state=zero, mini_batch=None)
+            if bias:
+                pad = lambda y: jnp.concatenate([y, jnp.ones((B, T, H, 1))], -1)  # noqa: E731
+                reference, _ = linear_recurrent(pad(x["q"]), pad(x["k"]), x["v"], precision=FULL)
+            assert rel_err(o, reference) <= 1e-5
+
+
+def test_titans_linear_memory_without_momentum_or_forgetting_per_token_is_the_delta_rule():
+    inner = gradient.Inner("linear", bias=False, norm=False)
+    x = inputs(inner, momentum=False, decay=False, mini_batch=1, start=0)
+    k = x["k"] / jnp.linalg.norm(x["k"], axis=-1, keepdims=True)  # unit keys, as the Titans layer makes them
+    theta = x["theta"] * D  # up to 1
+    zero = gradient.initial_state(gradient.init_params(inner, H, D, HIDDEN, jax.random.key(0), 0.0), B, False)
+    with jax.default_matmul_precision("highest"):
+        o, (M, _, _, _) = gradient.parallel(x["q"], k, x["v"], inner=inner, theta=theta, state=zero, mini_batch=1)
+        delta, S = linear_recurrent(x["q"], k, x["v"], beta=theta, delta=True, precision=FULL)
+    assert rel_err(o, delta) <= 1e-5 and rel_err(M["W1"], S) <= 1e-5

@@ -1,0 +1,114 @@
+"""The regression grid (tmem/mixers/regression.py): its named cells are the rows, every other cell trains, and a
+cell that cannot work is refused in one line before anything compiles."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from conftest import compose_config, fast_jit
+from tmem.config import ConfigError, validate
+from tmem.mixers import layer_of
+from tmem.mixers.regression import PRESETS
+
+WIDTH, T = 16, 8
+
+# each named row as the issue spells its cell: weights, function, optimizer (and the iterative rules' decay)
+NAMED = {
+    "linear": ["mixer.weights=uniform", "mixer.function=linear", "mixer.optimizer=one_step"],
+    "retnet": ["mixer.weights=decay", "mixer.function=linear", "mixer.optimizer=one_step"],
+    "mamba2": ["mixer.weights=gate", "mixer.function=linear", "mixer.optimizer=one_step"],
+    "deltanet": ["mixer.weights=uniform", "mixer.function=linear", "mixer.optimizer=sgd"],
+    "gated_deltanet": ["mixer.weights=uniform", "mixer.function=linear", "mixer.optimizer=sgd",
+                       "mixer.weight_decay=gated"],
+    "mesa": ["mixer.weights=gate", "mixer.function=linear", "mixer.optimizer=exact"],
+    "ttt_linear": ["mixer.weights=uniform", "mixer.function=linear", "mixer.optimizer=minibatch"],
+    "ttt_mlp": ["mixer.weights=uniform", "mixer.function=mlp", "mixer.optimizer=minibatch"],
+    "titans": ["mixer.weights=uniform", "mixer.function=mlp", "mixer.optimizer=momentum", "mixer.weight_decay=gated"],
+}
+# a named cell whose config equals its row's builds the same layer: the function is checked once per family
+QUICK = {"mamba2", "gated_deltanet", "mesa", "ttt_mlp", "titans"}
+
+
+def mixer_of(*overrides):
+    return validate(compose_config(["logger=disabled", f"model.width={WIDTH}", *overrides])).mixer
+
+
+def call(layer, x):
+    """The layer's read-out of x, compiled."""
+    graphdef, state = nnx.split(layer)
+    return fast_jit(lambda state: nnx.merge(graphdef, state)(x)[0])(state)
+
+
+def test_every_preset_is_named_and_the_grid_spells_every_named_row():
+    assert {cfg.name for cfg in PRESETS.values()} == set(NAMED)
+
+
+@pytest.mark.parametrize("row", sorted(NAMED))
+def test_a_named_cell_resolves_to_its_rows_config(row):
+    cell, named = mixer_of("mixer=regression", *NAMED[row]), mixer_of(f"mixer={row}")
+    assert dataclasses.replace(cell, name=row) == named  # every knob of the row's YAML
+
+
+@pytest.mark.parametrize("row", sorted(QUICK))
+def test_a_named_cell_is_its_row_the_same_function_with_the_same_parameters(row):
+    cell, named = mixer_of("mixer=regression", *NAMED[row]), mixer_of(f"mixer={row}")
+    x = jax.random.normal(jax.random.key(1), (2, T, WIDTH))
+    layers = [layer_of(c)(c, WIDTH, rope=False, rngs=nnx.Rngs(0)) for c in (cell, named)]
+    trees = [jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Param))) for layer in layers]
+    assert trees[0] == trees[1]
+    y_cell, y_row = (call(layer, x) for layer in layers)
+    assert float(jnp.abs(y_row).max()) > 0 and bool(jnp.array_equal(y_cell, y_row))
+
+
+# cells no paper names, one per family they resolve to
+UNNAMED = {
+    "decay-linear-sgd": (["mixer.weights=decay", "mixer.optimizer=sgd"], "FastWeightConfig"),
+    "uniform-linear-exact": (["mixer.optimizer=exact"], "MesaConfig"),
+    "decay-mlp-sgd": (["mixer.weights=decay", "mixer.function=mlp", "mixer.optimizer=sgd"], "TitansConfig"),
+    "gate-linear-minibatch": (["mixer.weights=gate", "mixer.optimizer=minibatch"], "TitansConfig"),
+    "uniform-mlp-one-step": (["mixer.function=mlp"], "TitansConfig"),
+}
+
+
+@pytest.mark.parametrize("cell", [c if "linear" in c else pytest.param(c, marks=pytest.mark.slow) for c in sorted(UNNAMED)])
+def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
+    overrides, family = UNNAMED[cell]
+    cfg = mixer_of("mixer=regression", *overrides)
+    assert type(cfg).__name__ == family
+    layer = layer_of(cfg)(cfg, WIDTH, rope=False, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    x = jax.random.normal(jax.random.key(1), (2, T, WIDTH))
+
+    def loss(params):
+        return jnp.sum(jnp.square(nnx.merge(graphdef, params, rest)(x)[0]))
+
+    grads = fast_jit(jax.grad(loss))(params)
+    norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
+    assert all(jnp.isfinite(jnp.array(norms))) and sum(n > 0 for n in norms) >= len(norms) // 2
+
+
+def test_the_memorys_knobs_follow_the_cell():
+    sgd = mixer_of("mixer=regression", "mixer.weights=decay", "mixer.function=mlp", "mixer.optimizer=sgd")
+    assert (sgd.mini_batch, sgd.momentum, sgd.forget, sgd.initial) == (1, False, "fixed", "learned")
+    one_step = mixer_of("mixer=regression", "mixer.function=mlp")
+    assert one_step.mini_batch is None
+    momentum = mixer_of("mixer=regression", "mixer.function=linear", "mixer.optimizer=momentum",
+                        "mixer.mini_batch=8", "mixer.initial=zero")
+    assert (momentum.mini_batch, momentum.momentum, momentum.forget, momentum.initial) == (8, True, "none", "zero")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mixer.function=mlp", "mixer.optimizer=exact"], "only a linear memory has a closed-form solve"),
+    (["mixer.function=mlp", "mixer.initial=zero"], "every gradient of an MLP at zero is zero"),
+    (["mixer.optimizer=exact", "mixer.initial=learned"], "the exact solve is the minimiser itself"),
+    (["mixer.weight_decay=fixed"], "needs an iterative optimizer"),
+    (["mixer.optimizer=sgd", "mixer.weights=decay", "mixer.weight_decay=gated"], "disagree"),
+    (["mixer.optimizer=adam"], "mixer.optimizer='adam' is not one of"),
+])
+def test_a_cell_that_cannot_work_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        mixer_of("mixer=regression", *overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)

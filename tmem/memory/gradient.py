@@ -1,0 +1,295 @@
+"""A memory that is a small model trained by gradient steps inside the forward pass (TTT, Titans, the grid's cells).
+
+The slides' test-time regression, min over m of 1/2 sum_i gamma_i ||v_i - m(k_i)||^2,
+solved by an iterative optimiser: the fast state is the inner model m (a linear
+map or a two-layer MLP, per head), and every token writes by the gradient of
+its half-loss
+
+    l_j(M) = 1/2 || g(k_j; M) - target_j ||^2,
+
+g the inner model, optionally LayerNormed with a slow scale and bias and with a
+residual (TTT's f(x) = x + LN(g(x)), whose target is then v - k), else the bare
+model with target v. Reads are m(q_i) at the weights after token i.
+
+The optimiser, per token t (one head, one example): the gradient is taken at
+the weights M_0 the current mini-batch started from (mini-batch gradient
+descent; b = 1 is one SGD step per token), an optional momentum S, and an
+optional decay of the memory a_t = 1 - alpha_t (weight decay, Titans' forget
+gate, a decaying state), with a key token's rate theta_t:
+
+    S_t = eta_t S_{t-1} - theta_t grad l_t(M_0)          (no momentum: S_t = -theta_t grad l_t(M_0))
+    M_t = a_t M_{t-1} + S_t
+    read with R_t = A_t M_0 + tok_i (M_t - A_t M_0),   A_t = prod of a since M_0,
+
+where tok_i is TTT's learned factor of the reading position i in its
+mini-batch (1 for every other row), and a mini-batch closes with M_0 <- R of
+its last token. With tok = 1, R_t = M_t. `mini_batch=None` is one mini-batch
+that never closes: one gradient step from the initial memory.
+
+`recurrent` is the definition: a token loop, gradients by autodiff. `parallel`
+is the training form: a scan over mini-batches in which no per-token weights
+are built. Every gradient of a linear layer is an outer product x_j delta_j^T
+(x_j the layer's input on the key's forward at M_0, delta_j its output's
+gradient), so with U_i = M_i - A_i M_0 a layer's read at token i is
+
+    z_i = x~_i (c0_i W_0 + c1_i U_0 + c2_i S_0) + (same for the bias) - sum_{j<=i} K_ij (x~_i . x_j + 1) delta_j,
+
+x~_i the layer's input on the query's read, and K = diag(tok) C with C_ij the
+weight of token j's gradient in U_i: C = D (live E) diag(theta), D_il the decay
+from l to i, E_lj the momentum from j to l. The sequence is padded to whole
+mini-batches with tokens that write nothing; their reads are dropped.
+
+The state between calls is (M_0, U, A, S): the open mini-batch's starting
+weights, the change since then (decayed), the decay product and the momentum,
+and `start` (a static count) says where in a mini-batch the call begins.
+Params of the inner model are a dict: W1, b1 (linear), and W2, b2 (MLP, GELU
+between); each [H, ...] once, [B, H, ...] in the state. Shapes: q, k, v
+[B, T, H, d]; theta, log_a, log_eta [B, T, H]; tok [mini_batch]; ln (scale,
+bias) [H, d] each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from tmem.memory.ttt import layer_norm
+
+FUNCTIONS = ("linear", "mlp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    """The inner model's shape: linear (x W1 + b1) or MLP (GELU(x W1 + b1) W2 + b2), biases optional, and
+    whether it is wrapped as x + LN(g(x)) (TTT's inner norm and residual)."""
+
+    function: str = "linear"
+    bias: bool = True
+    norm: bool = True
+
+    @property
+    def layers(self) -> int:
+        return 1 if self.function == "linear" else 2
+
+
+def init_params(inner: Inner, H: int, d: int, hidden: int, key, std: float, zero: bool = False) -> dict:
+    """The initial inner model per head: weights ~ N(0, std) (zero: all zeros), biases zero."""
+    shapes = [(d, d)] if inner.layers == 1 else [(d, hidden), (hidden, d)]
+    params = {}
+    for layer, (shape, k) in enumerate(zip(shapes, jax.random.split(key, len(shapes))), start=1):
+        params[f"W{layer}"] = jnp.zeros((H, *shape)) if zero else std * jax.random.normal(k, (H, *shape))
+        if inner.bias:
+            params[f"b{layer}"] = jnp.zeros((H, shape[1]))
+    return params
+
+
+def model(inner: Inner, params: dict, x, ln, eps=None):
+    """g(x) (LNed when inner.norm), and each layer's input: one head, x [..., d]. eps: additions to each layer's
+    pre-activation (zeros), whose gradients are the deltas of the parallel form."""
+    inputs, h = [], x
+    for layer in range(1, inner.layers + 1):
+        inputs.append(h)
+        z = h @ params[f"W{layer}"]
+        if inner.bias:
+            z = z + jnp.broadcast_to(params[f"b{layer}"], z.shape)
+        if eps is not None:
+            z = z + eps[layer - 1]
+        h = jax.nn.gelu(z, approximate=True) if layer < inner.layers else z
+    return (_layer_norm(h, ln) if inner.norm else h), inputs
+
+
+def _layer_norm(h, ln):
+    """TTT's inner LayerNorm with its slow scale and bias [d], over a token [d] or a mini-batch [b, d]."""
+    return layer_norm(h, *(jnp.broadcast_to(p, h.shape) for p in ln))
+
+
+def loss(inner: Inner, params: dict, k, v, ln, eps=None):
+    """The half-loss summed over the tokens of k, v [..., d] (each token's loss depends on its own row only)."""
+    y, _ = model(inner, params, k, ln, eps)
+    target = v - k if inner.norm else v
+    return 0.5 * jnp.sum(jnp.square(y - target))
+
+
+def read(inner: Inner, q, y):
+    """The read from g(q): plus the residual q when the model has one."""
+    return q + y if inner.norm else y
+
+
+def initial_state(params: dict, B: int, momentum: bool):
+    """(M_0, U, A, S) for B examples from the initial model per head: no change yet, no decay, no momentum."""
+    M0 = jax.tree.map(lambda p: jnp.broadcast_to(p[None], (B, *p.shape)), params)
+    zeros = jax.tree.map(jnp.zeros_like, M0)
+    H = next(iter(params.values())).shape[0]
+    return M0, zeros, jnp.ones((B, H)), (zeros if momentum else None)
+
+
+def _combine(c, trees):
+    """sum_n c[n] trees[n], leafwise; c [n] scalars, a None tree skipped."""
+    out = None
+    for cn, tree in zip(c, trees):
+        if tree is None:
+            continue
+        term = jax.tree.map(lambda x: cn * x, tree)
+        out = term if out is None else jax.tree.map(jnp.add, out, term)
+    return out
+
+
+def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state,
+              mini_batch: int | None, start: int = 0):
+    """The definition: token by token, each gradient by autodiff at its mini-batch's starting weights.
+
+    Returns o [B, T, H, d] and the final state (M_0, U, A, S).
+    """
+    B, T, H, d = q.shape
+    if mini_batch is None and tok is not None:
+        raise ValueError("tok needs mini-batches: one endless mini-batch has no reading positions to weigh")
+    momentum = log_eta is not None
+    b = mini_batch or start + T  # None: one mini-batch that never closes
+    place = (start + jnp.arange(T)) % b
+    closes = (place == b - 1) & (mini_batch is not None)
+    tok_t = jnp.ones((T,)) if tok is None else tok[place]
+    log_a = jnp.zeros((B, T, H)) if log_a is None else log_a
+    log_eta = jnp.zeros((B, T, H)) if log_eta is None else log_eta
+    ln = (jnp.ones((H, d)), jnp.zeros((H, d))) if ln is None else ln
+    grad = jax.grad(lambda p, k_t, v_t, ln_h: loss(inner, p, k_t, v_t, ln_h))
+
+    def one_head(carry, x, ln_h):
+        M0, U, A, S = carry
+        q_t, k_t, v_t, theta_t, la_t, le_t, tok_i, close = x
+        g = grad(M0, k_t, v_t, ln_h)
+        a = jnp.exp(la_t)
+        if momentum:
+            S = jax.tree.map(lambda s, gi: jnp.exp(le_t) * s - theta_t * gi, S, g)
+            U = jax.tree.map(lambda u, s: a * u + s, U, S)
+        else:
+            U = jax.tree.map(lambda u, gi: a * u - theta_t * gi, U, g)
+        A = a * A
+        R = jax.tree.map(lambda m0, u: A * m0 + tok_i * u, M0, U)
+        y, _ = model(inner, R, q_t, ln_h)
+        o = read(inner, q_t, y)
+        keep = lambda new, old: jax.tree.map(lambda n, o_: jnp.where(close, n, o_), new, old)  # noqa: E731
+        carry = (keep(R, M0), keep(jax.tree.map(jnp.zeros_like, U), U), jnp.where(close, 1.0, A), S)
+        return carry, o
+
+    x_axes = (0, 0, 0, 0, 0, 0, None, None)
+    heads = jax.vmap(one_head, in_axes=((0, 0, 0, 0), x_axes, 0))  # over H
+    batch = jax.vmap(heads, in_axes=((0, 0, 0, 0), x_axes, None))  # over B
+    time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
+    xs = (*map(time_major, (q, k, v, theta, log_a, log_eta)), tok_t, closes)
+    final, o = jax.lax.scan(lambda c, x: batch(c, x, ln), tuple(state), xs)
+    return time_major(o), final
+
+
+def _coefficients(theta, log_a, log_eta, live, tok):
+    """For one mini-batch of one head (each [b]): the read's coefficients c0 (of M_0, times A_0 later),
+    c1 (of U_0), c2 (of S_0), K [b, b] (of each gradient in the read), and the end state's A_b, m_b, C_b [b]
+    and the momentum's P_b, E_b theta [b]."""
+    b = theta.shape[0]
+    causal = jnp.tril(jnp.ones((b, b), bool))
+    La = jnp.cumsum(log_a)
+    D = jnp.where(causal, jnp.exp(jnp.where(causal, La[:, None] - La[None, :], 0.0)), 0.0)  # decay from l to i
+    A = jnp.exp(La)
+    if log_eta is None:
+        C = D * theta[None, :]
+        m = P = Etheta = None
+    else:
+        Le = jnp.cumsum(log_eta)
+        E = jnp.where(causal, jnp.exp(jnp.where(causal, Le[:, None] - Le[None, :], 0.0)), 0.0)
+        P = jnp.exp(Le)
+        m = D @ (live * P)
+        C = (D @ (live[:, None] * E)) * theta[None, :]
+        Etheta = E[-1] * theta
+    return dict(A=A, tokA=tok * A, tokm=None if m is None else tok * m, K=tok[:, None] * C, C_end=C[-1],
+                m_end=None if m is None else m[-1], P_end=None if P is None else P[-1], Etheta_end=Etheta)
+
+
+def _block(inner: Inner, carry, x, ln, close: bool):
+    """One mini-batch of one head: its reads, and the state after it (closed or not)."""
+    M0, U0, A0, S0 = carry
+    q, k, v, theta, log_a, log_eta, live, tok = x
+    cf = _coefficients(theta, log_a, log_eta, live, tok)
+    L = inner.layers
+    # the keys' forward at M_0, and each layer's output gradient delta_j (per token: the loss is a sum of rows)
+    shapes = [(k.shape[0], M0[f"W{layer}"].shape[-1]) for layer in range(1, L + 1)]
+    eps = [jnp.zeros(s) for s in shapes]
+    deltas = jax.grad(lambda e: loss(inner, M0, k, v, ln, e))(eps)
+    _, xs = model(inner, M0, k, ln)
+    c0 = A0 * cf["A"]
+    weights = (c0, cf["tokA"], cf["tokm"])
+    h = q
+    for layer in range(1, L + 1):
+        W, bias = f"W{layer}", f"b{layer}"
+        X, delta = xs[layer - 1], deltas[layer - 1]
+        mats = (M0[W], U0[W], None if S0 is None else S0[W])
+        z = sum(c[:, None] * (h @ mat) for c, mat in zip(weights, mats) if c is not None)
+        scores = cf["K"] * (h @ X.T + (1.0 if inner.bias else 0.0))
+        z = z - scores @ delta
+        if inner.bias:
+            z = z + sum(c[:, None] * vec[None] for c, vec in
+                        zip(weights, (M0[bias], U0[bias], None if S0 is None else S0[bias])) if c is not None)
+        h = jax.nn.gelu(z, approximate=True) if layer < L else z
+    o = read(inner, q, _layer_norm(h, ln) if inner.norm else h)
+
+    def grads(w):  # sum_j w_j grad_j, as a params dict
+        out = {}
+        for layer in range(1, L + 1):
+            X, delta = xs[layer - 1], deltas[layer - 1]
+            out[f"W{layer}"] = X.T @ (w[:, None] * delta)
+            if inner.bias:
+                out[f"b{layer}"] = w @ delta
+        return out
+
+    neg = lambda tree: jax.tree.map(jnp.negative, tree)  # noqa: E731
+    S = None if S0 is None else _combine((cf["P_end"], -1.0), (S0, grads(cf["Etheta_end"])))
+    if close:
+        R = _combine((c0[-1], cf["tokA"][-1], None if S0 is None else cf["tokm"][-1], 1.0),
+                     (M0, U0, S0, neg(grads(cf["K"][-1]))))
+        return (R, jax.tree.map(jnp.zeros_like, U0), jnp.ones_like(A0), S), o
+    U = _combine((cf["A"][-1], None if S0 is None else cf["m_end"], 1.0), (U0, S0, neg(grads(cf["C_end"]))))
+    return (M0, U, A0 * cf["A"][-1], S), o
+
+
+def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state,
+             mini_batch: int | None, start: int = 0):
+    """The training form, equal to `recurrent`: a scan over mini-batches, no per-token weights built."""
+    B, T, H, d = q.shape
+    b = mini_batch or T
+    # where in its mini-batch the call begins (one endless mini-batch: the carried U, A hold what came before)
+    start = start % mini_batch if mini_batch else 0
+    n = -(-(start + T) // b)
+    pad = (start, n * b - start - T)
+    zeros = jnp.zeros((B, T, H))
+    log_a = zeros if log_a is None else log_a
+    tok = jnp.ones((b,)) if tok is None else tok
+    ln = (jnp.ones((H, d)), jnp.zeros((H, d))) if ln is None else ln
+    live = jnp.ones((B, T, H))
+
+    def blocks(x):  # [B, T, H, ...] -> [n, B, H, b, ...]; padded tokens are zeros: no rate, no decay, no momentum
+        x = jnp.pad(x, [(0, 0), pad] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape(B, n, b, H, *x.shape[3:]), (1, 3), (0, 2))
+
+    xs = tuple(None if x is None else blocks(x) for x in (q, k, v, theta, log_a, log_eta, live))
+
+    def head_block(carry, x, ln_h, close):
+        return _block(inner, carry, (*x, tok), ln_h, close)
+
+    def step(close):
+        x_axes = (0,) * 7  # q, k, v, theta, log_a, log_eta, live
+        heads = jax.vmap(partial(head_block, close=close), in_axes=((0, 0, 0, 0), x_axes, 0))
+        return jax.vmap(heads, in_axes=((0, 0, 0, 0), x_axes, None))
+
+    carry, outs = tuple(state), []
+    body = step(True)
+    if n > 1:
+        carry, o = jax.lax.scan(lambda c, x: body(c, x, ln), carry,
+                                jax.tree.map(lambda x: x[:-1], xs))
+        outs.append(o)
+    whole = mini_batch is not None and (start + T) % b == 0  # the last mini-batch is whole: it closes
+    carry, o = step(whole)(carry, jax.tree.map(lambda x: x[-1], xs), ln)
+    outs.append(o[None])
+    o = jnp.concatenate(outs, axis=0)  # [n, B, H, b, d]
+    o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, n * b, H, d)[:, start:start + T]
+    return o, carry

@@ -1,0 +1,147 @@
+"""The regression row: any cell of the test-time-regression grid, chosen by its three knobs.
+
+The slides ("Test-time regression: three knobs") write every fast-weight layer
+as solving, inside its forward pass,
+
+    min over m in M of  1/2 sum_i gamma_i^(t) || v_i - m(k_i) ||^2,
+
+and the rows differ in three choices: the weights gamma (`weights`), the
+function class M (`function`) and the optimiser (`optimizer`). A cell resolves,
+when the config is validated, to the layer that computes it: the named row's
+own config where a paper names the cell (so the preset is that row, with the
+same parameters), else the layer of its nearest family with the knobs set:
+
+| weights | function | optimizer          | is              |
+|---------|----------|--------------------|-----------------|
+| uniform | linear   | one_step           | linear          |
+| decay   | linear   | one_step           | retnet          |
+| gate    | linear   | one_step           | mamba2          |
+| uniform | linear   | sgd                | deltanet        |
+| uniform | linear   | sgd, gated decay   | gated_deltanet  |
+| gate    | linear   | exact              | mesa            |
+| uniform | linear   | minibatch          | ttt_linear      |
+| uniform | mlp      | minibatch          | ttt_mlp         |
+| uniform | mlp      | momentum, gated    | titans          |
+
+An iterative optimiser (sgd, minibatch, momentum) cannot reweigh the pairs it
+has already written: a decaying or gated weighting of the past enters it as a
+weight decay of the memory, `weight_decay` fixed | gated, which is what the
+slides call Gated DeltaNet's "SGD with weight decay". `weights=decay` or
+`gate` with an iterative optimiser says the same thing, and is the same cell.
+Every other iterative cell is the titans layer (tmem/mixers/titans.py) with
+momentum, forget gate and mini-batch set by the knobs. GLA's per-channel decay
+is not a weight on pairs, so GLA is no cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tmem.mixers.base import MixerConfig
+from tmem.mixers.fast_weight import FastWeightConfig
+from tmem.mixers.mesa import MesaConfig
+from tmem.mixers.titans import TitansConfig
+from tmem.mixers.ttt import TTTConfig
+
+WEIGHTS = ("uniform", "decay", "gate")
+FUNCTIONS = ("linear", "mlp")
+OPTIMIZERS = ("one_step", "sgd", "minibatch", "momentum", "exact")
+ITERATIVE = ("sgd", "minibatch", "momentum")
+WEIGHT_DECAYS = ("none", "fixed", "gated")
+INITIALS = ("auto", "zero", "learned")
+DECAY_OF = {"uniform": "none", "decay": "fixed", "gate": "gated"}  # the weights as an iterative rule's weight decay
+
+# The named rows, as their YAML files under configs/mixer/ set them (tests/test_regression.py holds each equal to
+# its file): (weights, function, optimizer, initial) -> the row's config.
+PRESETS = {
+    ("uniform", "linear", "one_step", "zero"): FastWeightConfig(name="linear", qk_norm="l2"),
+    ("decay", "linear", "one_step", "zero"): FastWeightConfig(name="retnet", decay="fixed", output_gate=True),
+    ("gate", "linear", "one_step", "zero"): FastWeightConfig(
+        name="mamba2", decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, qk_groups=1,
+        conv_bias=True, output_norm_over="width", gate_before_norm=True),
+    ("uniform", "linear", "sgd", "zero"): FastWeightConfig(name="deltanet", rule="delta", write_strength="sigmoid",
+                                                           qk_norm="l2"),
+    ("gate", "linear", "sgd", "zero"): FastWeightConfig(
+        name="gated_deltanet", rule="delta", decay="scalar", write_strength="sigmoid", qk_norm="l2",
+        output_gate=True, gate_activation="sigmoid"),
+    ("gate", "linear", "exact", "zero"): MesaConfig(name="mesa"),
+    ("uniform", "linear", "minibatch", "learned"): TTTConfig(name="ttt_linear"),
+    ("uniform", "mlp", "minibatch", "learned"): TTTConfig(name="ttt_mlp", inner="mlp", base_lr=0.1),
+    ("gate", "mlp", "momentum", "learned"): TitansConfig(name="titans"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionConfig(MixerConfig):
+    """The three knobs (and the initial memory); `fit` turns them into the layer's own config."""
+
+    name: str = "regression"
+    lr: float | None = 1e-2
+    weights: str = "uniform"  # gamma: uniform | decay (fixed per head) | gate (from the token)
+    function: str = "linear"  # linear | mlp
+    optimizer: str = "one_step"  # one_step | sgd (per token) | minibatch | momentum | exact (ridge solve)
+    weight_decay: str = "none"  # of the memory, for iterative optimisers: none | fixed | gated
+    initial: str = "auto"  # the memory before the first token: zero | learned; auto: learned for an MLP and for
+    # minibatch and momentum (TTT's and Titans' learned initial weights), zero otherwise
+    mini_batch: int = 16  # tokens per gradient step of minibatch and momentum
+    heads: int = 4
+
+    def cell(self) -> tuple[str, str, str, str]:
+        """(weights, function, optimizer, initial), with an iterative rule's weight decay folded into the
+        weights and initial resolved; ValueError, in one line, for a cell that cannot work."""
+        for field, allowed in (("weights", WEIGHTS), ("function", FUNCTIONS), ("optimizer", OPTIMIZERS),
+                               ("weight_decay", WEIGHT_DECAYS), ("initial", INITIALS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
+        weights, optimizer = self.weights, self.optimizer
+        if self.weight_decay != "none":
+            if optimizer not in ITERATIVE:
+                raise ValueError(f"mixer.weight_decay={self.weight_decay} needs an iterative optimizer (sgd, "
+                                 f"minibatch, momentum); {optimizer} weighs the pairs itself: set mixer.weights")
+            if weights != "uniform" and DECAY_OF[weights] != self.weight_decay:
+                raise ValueError(f"mixer.weights={weights} and mixer.weight_decay={self.weight_decay} disagree: for "
+                                 "an iterative optimizer both are the memory's decay; set one of them")
+            weights = {"fixed": "decay", "gated": "gate"}[self.weight_decay]
+        initial = self.initial
+        if initial == "auto":
+            initial = "learned" if self.function == "mlp" or optimizer in ("minibatch", "momentum") else "zero"
+        if self.function == "mlp" and optimizer == "exact":
+            raise ValueError("mixer.optimizer=exact with mixer.function=mlp: only a linear memory has a closed-form "
+                             "solve; use an iterative optimizer (sgd, minibatch, momentum) for an MLP")
+        if self.function == "mlp" and initial == "zero":
+            raise ValueError("mixer.initial=zero with mixer.function=mlp: every gradient of an MLP at zero is zero, "
+                             "so it would never write; use mixer.initial=learned")
+        if optimizer == "exact" and initial == "learned":
+            raise ValueError("mixer.initial=learned with mixer.optimizer=exact: the exact solve is the minimiser "
+                             "itself and starts from nothing; use mixer.initial=zero")
+        if self.mini_batch < 1:
+            raise ValueError(f"mixer.mini_batch={self.mini_batch} must be positive")
+        return weights, self.function, optimizer, initial
+
+    def resolve(self) -> MixerConfig:
+        """The config of the layer that computes this cell."""
+        weights, function, optimizer, initial = key = self.cell()
+        if key in PRESETS:
+            row = PRESETS[key]
+        elif function == "linear" and initial == "zero" and optimizer in ("one_step", "sgd"):
+            base = PRESETS[("uniform", "linear", optimizer, "zero")]
+            row = dataclasses.replace(base, decay={"uniform": "none", "decay": "fixed", "gate": "scalar"}[weights])
+        elif optimizer == "exact":
+            row = MesaConfig(forget={"uniform": "none", "decay": "fixed", "gate": "gate"}[weights])
+        else:  # every other iterative or one-step cell: the gradient memory with the knobs set
+            row = TitansConfig(function=function, initial=initial, momentum=optimizer == "momentum",
+                               forget={"uniform": "none", "decay": "fixed", "gate": "gate"}[weights],
+                               mini_batch={"sgd": 1, "one_step": None}.get(optimizer, self.mini_batch))
+        replace = {"heads": self.heads} if row.heads != self.heads else {}
+        if optimizer in ("minibatch", "momentum") and getattr(row, "mini_batch", None) != self.mini_batch:
+            replace["mini_batch"] = self.mini_batch
+        return dataclasses.replace(row, name="regression", lr=self.lr, **replace)
+
+    def check(self, width: int) -> None:
+        self.resolve().check(width)
+
+    def fit(self, task) -> MixerConfig:
+        return self.resolve().fit(task)
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        return self.resolve().state_size(width, seq_len)

@@ -1,0 +1,161 @@
+"""The titans row: a neural memory trained by gradient descent with momentum and a forget gate (Behrouz et al. 2025).
+
+The memory (tmem/memory/gradient.py) is an MLP (or a linear map) per head,
+by default wrapped as x + LN(m(x)), updated at every token by
+
+    S_t = eta_t S_{t-1} - theta_t grad l_t(M_0),   M_t = (1 - alpha_t) M_{t-1} + S_t,
+
+on the half-loss l_t = 1/2 ||m(k_t) - v_t||^2 (Titans writes the full square
+loss; its theta is half of theta here), gradients taken at the weights M_0 the
+mini-batch of `mini_batch` tokens started from (the paper's parallel
+training), and read y_t = m(q_t) at M_t. The layer follows the paper and
+anchors/mixers.md 4.2: q, k, v projections, each through a short causal
+convolution and SiLU, unit (L2-normalised) q and k, the three rates per head
+from the token, theta_t = sigmoid(W_theta x + c), eta_t = sigmoid(W_eta x + c)
+and alpha_t = sigmoid(W_alpha x + c), an RMSNorm of each head's read and the
+output map. The initial memory is a slow weight (an MLP from zero would have
+zero gradient).
+
+The same layer is every iterative cell of the `regression` grid that no
+other row names: `momentum=false` is plain mini-batch or per-token SGD,
+`forget` none | fixed (RetNet's decay per head) | gate (Titans'), and
+`mini_batch=null` one gradient step from the initial memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from tmem.layers import ShortConv, l2_normalize, short_conv
+from tmem.memory import gradient
+from tmem.memory.linear_state import retnet_log_decay
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+
+FORMS = ("parallel", "recurrent")
+FORGETS = ("none", "fixed", "gate")
+INITIALS = ("learned", "zero")
+INIT_STD = 0.02  # the initial memory's weights, as TTT's official initializer_range
+FORGET_BIAS = -5.0  # alpha starts near 0.007: the memory starts nearly without forgetting
+
+
+@dataclasses.dataclass(frozen=True)
+class TitansConfig(MixerConfig):
+    name: str = "titans"
+    lr: float | None = 1e-2
+    heads: int = 4
+    function: str = "mlp"  # the memory: mlp (GELU, hidden = expansion x head width) | linear
+    expansion: int = 4
+    bias: bool = True  # biases in the memory's layers
+    inner_norm: bool = True  # the memory as x + LN(m(x)), target v - k (TTT's and fla's form); false: m(x), target v
+    mini_batch: int | None = 16  # tokens whose gradients are taken at the same weights; null: the whole sequence
+    momentum: bool = True
+    forget: str = "gate"  # the memory's decay 1 - alpha_t: none | fixed (per head) | gate (from the token)
+    initial: str = "learned"  # the initial memory: learned (a slow weight) | zero (linear memories only)
+    form: str = "parallel"  # parallel (training: a scan over mini-batches) | recurrent (the definition)
+    short_conv: int = 4  # kernel of the causal convolutions (with SiLU) on q, k, v; 0 for none
+
+    def check(self, width: int) -> None:
+        for field, allowed in (("function", gradient.FUNCTIONS), ("form", FORMS), ("forget", FORGETS),
+                               ("initial", INITIALS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
+        if self.heads < 1 or width % self.heads:
+            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        for field in ("mini_batch", "expansion"):
+            if getattr(self, field) is not None and getattr(self, field) < 1:
+                raise ValueError(f"mixer.{field}={getattr(self, field)} must be positive")
+        if self.short_conv < 0:
+            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        if self.function == "mlp" and self.initial == "zero":
+            raise ValueError("mixer.initial=zero with an MLP memory: every gradient of an MLP at zero is zero, so it "
+                             "would never learn; use mixer.initial=learned")
+
+    @property
+    def inner(self) -> gradient.Inner:
+        return gradient.Inner(self.function, self.bias, self.inner_norm)
+
+    def state_size(self, width: int, seq_len: int) -> int:
+        """M_0, the change U and the momentum S (each the memory's parameters), A, and the convolutions' window."""
+        d = width // self.heads
+        hidden = self.expansion * d
+        params = d * d + d * self.bias if self.function == "linear" else 2 * d * hidden + (hidden + d) * self.bias
+        return self.heads * ((2 + self.momentum) * params + 1) + max(self.short_conv - 1, 0) * 3 * width
+
+
+@struct.dataclass
+class GradientState(MixerState):
+    """The memory's (M_0, U, A, S) of tmem.memory.gradient and the convolutions' last inputs."""
+
+    memory: tuple
+    conv: jax.Array | None
+
+
+class Titans(Mixer):
+    """A Titans layer (and the grid's iterative cells); the final memory is sown as the `state` intermediate."""
+
+    def __init__(self, cfg: TitansConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
+        del rope  # positions come from the convolutions and the forget gate
+        self.cfg = cfg
+        H, self.d = cfg.heads, width // cfg.heads
+        linear = lambda n_out, bias=False: nnx.Linear(width, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
+        self.q, self.k, self.v = linear(width), linear(width), linear(width)
+        if cfg.short_conv:
+            self.conv_q, self.conv_k, self.conv_v = (ShortConv(width, cfg.short_conv, rngs=rngs) for _ in range(3))
+        self.theta = linear(H, bias=True)
+        if cfg.momentum:
+            self.eta = linear(H, bias=True)
+        if cfg.forget == "gate":
+            self.alpha = linear(H, bias=True)
+            self.alpha.bias[...] = jnp.full((H,), FORGET_BIAS)
+        memory = gradient.init_params(cfg.inner, H, self.d, cfg.expansion * self.d, rngs.params(), INIT_STD,
+                                      zero=cfg.initial == "zero")
+        self.memory_names = tuple(memory)
+        for name, value in memory.items():  # memory_W1, memory_b1, ...: the initial memory, a slow weight
+            setattr(self, f"memory_{name}", nnx.Param(value))
+        if cfg.inner_norm:
+            self.ln_scale, self.ln_bias = nnx.Param(jnp.ones((H, self.d))), nnx.Param(jnp.zeros((H, self.d)))
+        self.norm = nnx.RMSNorm(self.d, epsilon=1e-5, rngs=rngs)
+        self.out = linear(width)
+
+    def initial_memory(self) -> dict:
+        return {name: getattr(self, f"memory_{name}")[...] for name in self.memory_names}
+
+    def rates(self, x_btd):
+        """theta_t, log(1 - alpha_t) (None: no forgetting) and log eta_t (None: no momentum), each [B, T, H]."""
+        cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
+        theta = jax.nn.sigmoid(self.theta(x_btd))
+        log_a = None
+        if cfg.forget == "fixed":
+            log_a = jnp.broadcast_to(retnet_log_decay(H), (B, T, H))
+        elif cfg.forget == "gate":
+            log_a = jax.nn.log_sigmoid(-self.alpha(x_btd))  # log(1 - sigmoid(z))
+        log_eta = jax.nn.log_sigmoid(self.eta(x_btd)) if cfg.momentum else None
+        return theta, log_a, log_eta
+
+    def __call__(self, x_btd, *, state: GradientState | None = None, head_mask=None, read_at=None,
+                 qk_positions=None):
+        """The protocol's call (tmem.mixers.base.Mixer)."""
+        del qk_positions  # validation gives it only to rows that take it
+        cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
+        start = 0 if state is None else state.length
+        q, k, v = self.q(x_btd), self.k(x_btd), self.v(x_btd)
+        tail = None
+        if cfg.short_conv:  # the three filters as one, over q, k and v side by side
+            kernel = jnp.concatenate([c.kernel[...] for c in (self.conv_q, self.conv_k, self.conv_v)], axis=1)
+            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv)
+            q, k, v = jnp.split(jax.nn.silu(qkv), 3, axis=-1)
+        q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
+        v = v.reshape(B, T, H, self.d)
+        theta, log_a, log_eta = self.rates(x_btd)
+        memory = (gradient.initial_state(self.initial_memory(), B, cfg.momentum) if state is None else state.memory)
+        ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
+        form = gradient.parallel if cfg.form == "parallel" else gradient.recurrent
+        o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln, state=memory,
+                         mini_batch=cfg.mini_batch, start=start)
+        self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
+        o = mask_heads(self.norm(at_positions(o, read_at)), head_mask)
+        return self.out(o.reshape(B, -1, D)), GradientState(memory, tail, length=start + T)
