@@ -3,9 +3,11 @@
 XLA's `compiled.cost_analysis()["flops"]` counts the body of a while loop
 once, so it undercounts any step with a loop in it: the microbatches of
 `tmem.train.step.make_gradients` (a `lax.map`: the default 64 examples in 2
-slices of 32 report half the work) and the scan over chunks of
-`tmem.memory.chunked`. `step_flops(cfg)` counts what the step computes, part
-by part, by reading the same shapes the code makes.
+slices of 32 report half the work), the scan over chunks of
+`tmem.memory.chunked` and the scan over tokens of the recurrent form
+(`tmem.memory.linear_state.recurrent`, mixer.form=recurrent).
+`step_flops(cfg)` counts what the step computes, part by part, by reading the
+same shapes the code makes.
 
 How things are counted, as XLA's cost analysis on a CPU counts them:
 
@@ -31,7 +33,14 @@ their rsqrt, a few FLOPs per row of the width). Not modelled: XLA fusing one
 cheap producer into several consumers, which it then counts (and runs) once
 per consumer: the short convolution's SiLU and input gradient, a norm's
 statistics, the masks of the chunked memory. On the default job's rows that
-puts XLA's count 0.5 to 4% above this one (tests/test_flops.py).
+puts XLA's count 0.5 to 4% above this one (tests/test_flops.py). The
+recurrent form's step has the most of it: XLA's CPU fusion of the add rule's
+backward recomputes dS + q do^T in every fusion that reads it, a third to a
+half more than the memory's count, and the delta rule's with a decay a
+fifth more (tests/test_flops.py lists the copies). XLA counts that step
+once; over all T tokens the copies would add 3.5 to 9% to the default job's
+step for the add-rule rows (Mamba-2 the most), 2.6% for Gated DeltaNet's and
+none for DeltaNet's.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import jax
 from flax import nnx
 
 from tasks.memorize import Memorize
-from tmem.memory.flops import chunked, elementwise, matmul
+from tmem.memory.flops import chunked, elementwise, matmul, recurrent
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.hopfield import HopfieldConfig
@@ -63,6 +72,9 @@ L2_NORMALIZE = (3, 5)  # fast_weight._l2_normalize and its written-out backward
 L2_UNIT = (3, 8)  # attention._unit, differentiated by XLA
 SCORE_FUNCTIONS = {"linear": (0, 0), "relu": (1, 2), "relu2": (2, 5), "gelu": GELU, "swiglu": SILU}
 FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
+# DPFP per element of its input: relu([x, -x]), then for each of its nu shifts the product of r with r rolled
+# (2 elements out per element in; XLA recomputes relu(-x) inside that fusion) and the product's gradients
+DPFP, DPFP_SHIFT = (3, 5), (4, 12)
 # norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
 NORMS = {"layernorm": (7, 13, 4), "rmsnorm": (4, 9, 3), "none": (0, 0, 0)}
 # the token loss per logit: cross-entropy forward and backward (4) and the accuracy's argmax (9)
@@ -84,7 +96,8 @@ def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
     Forward and backward of `train.batch_size` examples (however many
     microbatches), the loss, and the optimizer's update. loop_bodies_once:
     count each loop's body once instead, as XLA's cost analysis does (one
-    microbatch, one chunk's state pass): only to check this count against XLA's.
+    microbatch, one chunk's state pass, one token's step of the recurrent
+    form): only to check this count against XLA's.
     """
     task, m, t = cfg.task, cfg.model, cfg.train
     B = t.batch_size // microbatches(t) if loop_bodies_once else t.batch_size
@@ -268,12 +281,8 @@ def linear_self_attention(cfg, B: int, T: int, Q: int | None, input_grad: bool, 
 
 def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
     """tmem.mixers.fast_weight: one fused projection, the short convolution, feature map, norms, gates,
-    the chunked memory, and the read's output norm and gate."""
+    the memory (chunked, or recurrent: a scan over tokens), and the read's output norm and gate."""
     c, D = cfg.mixer, cfg.model.width
-    if c.form != "chunked":
-        raise NotImplementedError("mixer.form=recurrent: a scan over tokens; only the chunked form is counted")
-    if c.feature_map not in FEATURE_MAPS:
-        raise NotImplementedError(f"mixer.feature_map={c.feature_map}: not counted (identity, elu, relu are)")
     H, G = c.heads, c.groups  # G: the heads' distinct q and k (Mamba-2's groups)
     d_key, d_phi, d_v = c.widths(D)
     N, R = B * T, B * (Q or T)
@@ -285,7 +294,7 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
     if c.short_conv:
         channels = 2 * G * d_key + H * d_v
         parts["mixer/conv"] += short_conv(B, T, channels, c.short_conv) + 2 * N * channels * c.conv_bias
-    gates = elementwise(2 * N * G * d_key, FEATURE_MAPS[c.feature_map])
+    gates = elementwise(2 * N * G * d_key, feature_map_cost(c.feature_map, c.dpfp_nu))
     if c.qk_norm == "l2":
         gates += elementwise(2 * N * G * d_phi, L2_NORMALIZE)
     elif c.qk_norm == "rms":
@@ -312,10 +321,20 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
         parts["norms"] += norm("rmsnorm", R * H * d_v)
     parts["mixer/gates"] += gates
     decay = {"none": None, "fixed": 1, "scalar": 1, "vector": d_phi}[c.decay]
-    parts["mixer/memory"] += chunked(B * H, T, d_phi, d_v + c.normalize, decay, c.decay != "fixed",
-                                     c.write_strength != "one", c.rule == "delta", c.chunk, c.sub_chunk,
-                                     None if Q is None else B * Q * H, once)
+    memory = (d_phi, d_v + c.normalize, decay, c.decay != "fixed", c.write_strength != "one", c.rule == "delta")
+    reads = None if Q is None else B * Q * H
+    if c.form == "chunked":
+        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once)
+    else:
+        parts["mixer/memory"] += recurrent(B * H, T, *memory, reads, once)
     return parts
+
+
+def feature_map_cost(name: str, dpfp_nu: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs per element of q or k going into the feature map; DPFP's grow with its shifts."""
+    if name == "dpfp":
+        return DPFP[0] + dpfp_nu * DPFP_SHIFT[0], DPFP[1] + dpfp_nu * DPFP_SHIFT[1]
+    return FEATURE_MAPS[name]
 
 
 def short_conv(B: int, T: int, C: int, K: int) -> int:

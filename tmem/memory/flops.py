@@ -1,5 +1,6 @@
-"""FLOPs of the chunked fast-weight form (tmem.memory.chunked), forward and backward, as XLA's CPU cost analysis
-counts them: the memory's part of tmem.flops' count of a training step.
+"""FLOPs of the fast-weight memory, forward and backward, as XLA's CPU cost analysis counts them: the chunked
+form (tmem.memory.chunked) and the recurrent one (tmem.memory.linear_state.recurrent), the memory's part of
+tmem.flops' count of a training step.
 
 A matmul [m, k] x [k, n] is 2mkn, and 2mkn more for each operand's gradient;
 an elementwise op is 1 FLOP an element (exp and other transcendentals, which
@@ -68,6 +69,52 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
             flops += elementwise(rows * dk, by_decay) + matmul(rows, dk, dv) + rows * dv
         return flops
     return flops + read_at(reads, C, dk, dv, decay, from_state)
+
+
+def recurrent(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
+              delta: bool, reads: int | None, once: bool = False) -> int:
+    """tmem.memory.linear_state.recurrent for BH heads of T tokens: a scan over the tokens (once: count one step
+    of it, as XLA does), each step decaying, writing and reading the state, forward and backward.
+
+    decay, decay_grad, strengths and delta as for `chunked`. reads: None, or the number of (example, read, head)
+    rows the layer keeps: the scan reads at every position all the same, and the rows are gathered after it
+    (tmem.mixers.base.at_positions), whose backward scatter-adds their gradients back.
+    """
+    flops = (1 if once else T) * token_step(BH, dk, dv, decay, decay_grad, strengths, delta)
+    return flops if reads is None else flops + reads * dv
+
+
+def token_step(BH: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
+               delta: bool) -> int:
+    """One step of the scan of `recurrent`, forward and backward, on BH states S of dk x dv: S' = a S, then
+    S' + beta k v^T (add) or S' + beta k (v - S'^T k)^T (delta), read S^T q.
+
+    Without a decay or a strength the forward's a = exp(0) and beta = 1 are constants XLA folds away, but the
+    backward still multiplies by the ones the forward saved for it (a into the state's gradient, beta into the
+    keys' and values'), so those products count whether or not there is a decay or strength. Each op counts
+    once: XLA's CPU fusion of this step computes some products twice or more and counts every copy
+    (tests/test_flops.py lists them).
+    """
+    E, K, V = BH * dk * dv, BH * dk, BH * dv  # one FLOP for every element of the state, of a key, of a value
+    # the read o = S^T q, its two gradients, and q do^T added to the gradient the state carries back
+    flops = matvec(BH, dk, dv) + E
+    if delta:
+        # forward: S'^T k, e = v - S'^T k, and (beta k) e^T added to S'
+        flops += 2 * E + V + 2 * E
+        # backward: the gradients of beta k and of e (the state's gradient times e, and times beta k), k (-de)^T
+        # added to the state's gradient, S' (-de) into k's gradient, and beta times beta k's gradient added to it
+        flops += 2 * E + 2 * E + V + 2 * E + 2 * E + 2 * K
+        if strengths:  # beta k, and beta's gradient: the product with k and its sum
+            flops += K + 2 * K
+    else:
+        # forward: k v^T added to S'; backward: beta times the state's gradient, and its products with v and k summed
+        flops += 2 * E + E + 4 * E
+        if strengths:  # beta times k v^T, and beta's gradient: the product with k v^T and its sum
+            flops += E + 2 * E
+    flops += E  # a times the state's gradient (the scan carries it back to the previous step)
+    if decay:  # a S; the decay's gradient: S times the state's gradient summed to a's shape, then times a
+        flops += E + (2 * E + BH * decay if decay_grad else 0)
+    return flops
 
 
 def state_pass(BH: int, C: int, dk: int, dv: int, decay: int | None, delta: bool) -> int:
