@@ -81,6 +81,8 @@ def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(cas
     assert rel_err(o, o_ref) <= 1e-5
     for a, b in zip(jax.tree.leaves(S), jax.tree.leaves(S_ref), strict=True):
         assert rel_err(a, b) <= 1e-5
+    if start % (mini_batch or T + start) == 0:  # a call that begins a mini-batch takes U = 0 and A = 1 as given
+        g, g_ref = ({**grads, "state": grads["state"][:1] + grads["state"][3:]} for grads in (g, g_ref))
     paths = jax.tree_util.tree_flatten_with_path(g_ref)[0]
     for (path, b), a in zip(paths, jax.tree.leaves(g), strict=True):
         assert rel_err(a, b) <= 1e-5, jax.tree_util.keystr(path)

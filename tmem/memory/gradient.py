@@ -41,7 +41,9 @@ mini-batches with tokens that write nothing; their reads are dropped.
 
 The state between calls is (M_0, U, A, S): the open mini-batch's starting
 weights, the change since then (decayed), the decay product and the momentum,
-and `start` (a static count) says where in a mini-batch the call begins.
+and `start` (a static count) says where in a mini-batch the call begins. A
+call that begins a mini-batch takes U = 0 and A = 1, as every state there has
+them, and neither reads them nor passes them a gradient.
 Params of the inner model are a dict: W1, b1 (linear), and W2, b2 (MLP, GELU
 between); each [H, ...] once, [B, H, ...] in the state. Shapes: q, k, v
 [B, T, H, d]; theta, log_a, log_eta [B, T, H]; tok [mini_batch]; ln (scale,
@@ -206,8 +208,9 @@ def _coefficients(theta, log_a, log_eta, live, tok):
                 m_end=None if m is None else m[-1], P_end=None if P is None else P[-1], Etheta_end=Etheta)
 
 
-def _block(inner: Inner, carry, x, ln, close: bool):
-    """One mini-batch of one head: its reads, and the state after it (closed or not)."""
+def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
+    """One mini-batch of one head: its reads, and the state after it (closed or not). fresh: the block starts a
+    mini-batch (U_0 = 0, A_0 = 1, as after every close), so the terms of U_0 are left out."""
     M0, U0, A0, S0 = carry
     q, k, v, theta, log_a, log_eta, live, tok = x
     cf = _coefficients(theta, log_a, log_eta, live, tok)
@@ -217,19 +220,25 @@ def _block(inner: Inner, carry, x, ln, close: bool):
     eps = [jnp.zeros(s) for s in shapes]
     deltas = jax.grad(lambda e: loss(inner, M0, k, v, ln, e))(eps)
     _, xs = model(inner, M0, k, ln)
-    c0 = A0 * cf["A"]
-    weights = (c0, cf["tokA"], cf["tokm"])
+    # the starting matrices a read multiplies, and their coefficients per token: M_0 (A_0 A_i), U_0 (tok_i A_i)
+    # unless fresh, S_0 (tok_i m_i) with momentum
+    starts = [(M0, (cf["A"] if fresh else A0 * cf["A"]))]
+    if not fresh:
+        starts.append((U0, cf["tokA"]))
+    if S0 is not None:
+        starts.append((S0, cf["tokm"]))
     h = q
     for layer in range(1, L + 1):
         W, bias = f"W{layer}", f"b{layer}"
         X, delta = xs[layer - 1], deltas[layer - 1]
-        mats = (M0[W], U0[W], None if S0 is None else S0[W])
-        z = sum(c[:, None] * (h @ mat) for c, mat in zip(weights, mats) if c is not None)
+        n_out = M0[W].shape[-1]
+        # one matmul over the starting matrices side by side, then each block of columns scaled per token
+        y = h @ jnp.concatenate([tree[W] for tree, _ in starts], axis=-1)
+        z = sum(c[:, None] * y[:, i * n_out:(i + 1) * n_out] for i, (_, c) in enumerate(starts))
         scores = cf["K"] * (h @ X.T + (1.0 if inner.bias else 0.0))
         z = z - scores @ delta
         if inner.bias:
-            z = z + sum(c[:, None] * vec[None] for c, vec in
-                        zip(weights, (M0[bias], U0[bias], None if S0 is None else S0[bias])) if c is not None)
+            z = z + sum(c[:, None] * tree[bias][None] for tree, c in starts)
         h = jax.nn.gelu(z, approximate=True) if layer < L else z
     o = read(inner, q, _layer_norm(h, ln) if inner.norm else h)
 
@@ -244,11 +253,12 @@ def _block(inner: Inner, carry, x, ln, close: bool):
 
     neg = lambda tree: jax.tree.map(jnp.negative, tree)  # noqa: E731
     S = None if S0 is None else _combine((cf["P_end"], -1.0), (S0, grads(cf["Etheta_end"])))
+    U0_or_none = None if fresh else U0
     if close:
-        R = _combine((c0[-1], cf["tokA"][-1], None if S0 is None else cf["tokm"][-1], 1.0),
-                     (M0, U0, S0, neg(grads(cf["K"][-1]))))
+        R = _combine(((cf["A"] if fresh else A0 * cf["A"])[-1], cf["tokA"][-1],
+                      None if S0 is None else cf["tokm"][-1], 1.0), (M0, U0_or_none, S0, neg(grads(cf["K"][-1]))))
         return (R, jax.tree.map(jnp.zeros_like, U0), jnp.ones_like(A0), S), o
-    U = _combine((cf["A"][-1], None if S0 is None else cf["m_end"], 1.0), (U0, S0, neg(grads(cf["C_end"]))))
+    U = _combine((cf["A"][-1], None if S0 is None else cf["m_end"], 1.0), (U0_or_none, S0, neg(grads(cf["C_end"]))))
     return (M0, U, A0 * cf["A"][-1], S), o
 
 
@@ -257,6 +267,8 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
     """The training form, equal to `recurrent`: a scan over mini-batches, no per-token weights built."""
     B, T, H, d = q.shape
     b = mini_batch or T
+    # a call that begins a mini-batch begins it fresh: after a close, or from the initial state, U = 0 and A = 1
+    fresh = start == 0 or (mini_batch is not None and start % mini_batch == 0)
     # where in its mini-batch the call begins (one endless mini-batch: the carried U, A hold what came before)
     start = start % mini_batch if mini_batch else 0
     n = -(-(start + T) // b)
@@ -273,22 +285,25 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
 
     xs = tuple(None if x is None else blocks(x) for x in (q, k, v, theta, log_a, log_eta, live))
 
-    def head_block(carry, x, ln_h, close):
-        return _block(inner, carry, (*x, tok), ln_h, close)
+    def head_block(carry, x, ln_h, close, fresh):
+        return _block(inner, carry, (*x, tok), ln_h, close, fresh)
 
-    def step(close):
+    def step(close, fresh):
         x_axes = (0,) * 7  # q, k, v, theta, log_a, log_eta, live
-        heads = jax.vmap(partial(head_block, close=close), in_axes=((0, 0, 0, 0), x_axes, 0))
+        heads = jax.vmap(partial(head_block, close=close, fresh=fresh), in_axes=((0, 0, 0, 0), x_axes, 0))
         return jax.vmap(heads, in_axes=((0, 0, 0, 0), x_axes, None))
 
     carry, outs = tuple(state), []
-    body = step(True)
-    if n > 1:
-        carry, o = jax.lax.scan(lambda c, x: body(c, x, ln), carry,
-                                jax.tree.map(lambda x: x[:-1], xs))
-        outs.append(o)
+    block = lambda i: jax.tree.map(lambda x: x[i], xs)  # noqa: E731
     whole = mini_batch is not None and (start + T) % b == 0  # the last mini-batch is whole: it closes
-    carry, o = step(whole)(carry, jax.tree.map(lambda x: x[-1], xs), ln)
+    if n > 1:  # the first block closes; every later one starts fresh
+        carry, o = step(True, fresh)(carry, block(0), ln)
+        outs.append(o[None])
+    if n > 2:
+        body = step(True, True)
+        carry, o = jax.lax.scan(lambda c, x: body(c, x, ln), carry, jax.tree.map(lambda x: x[1:-1], xs))
+        outs.append(o)
+    carry, o = step(whole, fresh or n > 1)(carry, block(-1), ln)
     outs.append(o[None])
     o = jnp.concatenate(outs, axis=0)  # [n, B, H, b, d]
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, n * b, H, d)[:, start:start + T]
