@@ -83,6 +83,23 @@ class Mixer(nnx.Module):
         """
 
 
+def check_knobs(config: MixerConfig, *, choices: dict[str, tuple] | None = None, positive: tuple[str, ...] = (),
+                width: int | None = None) -> None:
+    """The checks every row's config makes, each a one-line ValueError naming the field: a knob that is not one
+    of its choices, a count that is not positive (None is allowed: a count left to a default), heads that do
+    not divide the width, and a short convolution's kernel."""
+    for field, allowed in (choices or {}).items():
+        if getattr(config, field) not in allowed:
+            raise ValueError(f"mixer.{field}={getattr(config, field)!r} is not one of: {', '.join(allowed)}")
+    for field in positive:
+        if getattr(config, field) is not None and getattr(config, field) < 1:
+            raise ValueError(f"mixer.{field}={getattr(config, field)} must be positive")
+    if width is not None and (config.heads < 1 or width % config.heads):
+        raise ValueError(f"mixer.heads={config.heads} must divide model.width={width}")
+    if getattr(config, "short_conv", 0) < 0:
+        raise ValueError(f"mixer.short_conv={config.short_conv} must be 0 (none) or a kernel size")
+
+
 def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
     """x [B, T, ...] at positions read_at [B, Q] -> [B, Q, ...]; all of x when read_at is None."""
     if read_at is None:

@@ -24,7 +24,7 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
 from tmem.memory.linear_state import retnet_log_decay
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("gate", "fixed", "none")
@@ -49,17 +49,8 @@ class MesaConfig(MixerConfig):
     gate_activation: str = "silu"
 
     def check(self, width: int) -> None:
-        for field, allowed in (("form", FORMS), ("solver", mesa.SOLVERS), ("gate_activation", tuple(GATE_ACTIVATIONS)),
-                               ("forget", FORGETS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
-        if self.heads < 1 or width % self.heads:
-            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
-        for field in ("cg_steps", "chunk"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"mixer.{field}={getattr(self, field)} must be positive")
-        if self.short_conv < 0:
-            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        check_knobs(self, choices={"form": FORMS, "solver": mesa.SOLVERS, "gate_activation": tuple(GATE_ACTIVATIONS),
+                                   "forget": FORGETS}, positive=("cg_steps", "chunk"), width=width)
         if self.lambda_floor <= 0:
             raise ValueError(f"mixer.lambda_floor={self.lambda_floor} must be positive: it keeps the solve posed")
         if self.lambda_init <= self.lambda_floor:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tmem.mixers.base import MixerConfig
+from tmem.mixers.base import MixerConfig, check_knobs
 from tmem.mixers.fast_weight import FastWeightConfig
 from tmem.mixers.mesa import MesaConfig
 from tmem.mixers.titans import TitansConfig
@@ -89,10 +89,8 @@ class RegressionConfig(MixerConfig):
     def cell(self) -> tuple[str, str, str, str]:
         """(weights, function, optimizer, initial), with an iterative rule's weight decay folded into the
         weights and initial resolved; ValueError, in one line, for a cell that cannot work."""
-        for field, allowed in (("weights", WEIGHTS), ("function", FUNCTIONS), ("optimizer", OPTIMIZERS),
-                               ("weight_decay", WEIGHT_DECAYS), ("initial", INITIALS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
+        check_knobs(self, choices={"weights": WEIGHTS, "function": FUNCTIONS, "optimizer": OPTIMIZERS,
+                                   "weight_decay": WEIGHT_DECAYS, "initial": INITIALS}, positive=("mini_batch",))
         weights, optimizer = self.weights, self.optimizer
         if self.weight_decay != "none":
             if optimizer not in ITERATIVE:
@@ -114,8 +112,6 @@ class RegressionConfig(MixerConfig):
         if optimizer == "exact" and initial == "learned":
             raise ValueError("mixer.initial=learned with mixer.optimizer=exact: the exact solve is the minimiser "
                              "itself and starts from nothing; use mixer.initial=zero")
-        if self.mini_batch < 1:
-            raise ValueError(f"mixer.mini_batch={self.mini_batch} must be positive")
         return weights, self.function, optimizer, initial
 
     def resolve(self) -> MixerConfig:

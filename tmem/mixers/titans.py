@@ -33,7 +33,7 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import gradient
 from tmem.memory.linear_state import retnet_log_decay
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("none", "fixed", "gate")
@@ -59,17 +59,8 @@ class TitansConfig(MixerConfig):
     short_conv: int = 4  # kernel of the causal convolutions (with SiLU) on q, k, v; 0 for none
 
     def check(self, width: int) -> None:
-        for field, allowed in (("function", gradient.FUNCTIONS), ("form", FORMS), ("forget", FORGETS),
-                               ("initial", INITIALS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
-        if self.heads < 1 or width % self.heads:
-            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
-        for field in ("mini_batch", "expansion"):
-            if getattr(self, field) is not None and getattr(self, field) < 1:
-                raise ValueError(f"mixer.{field}={getattr(self, field)} must be positive")
-        if self.short_conv < 0:
-            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
+        check_knobs(self, choices={"function": gradient.FUNCTIONS, "form": FORMS, "forget": FORGETS,
+                                   "initial": INITIALS}, positive=("mini_batch", "expansion"), width=width)
         if self.function == "mlp" and self.initial == "zero":
             raise ValueError("mixer.initial=zero with an MLP memory: every gradient of an MLP at zero is zero, so it "
                              "would never learn; use mixer.initial=learned")

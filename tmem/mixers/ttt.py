@@ -37,7 +37,7 @@ from flax import nnx, struct
 
 from tmem.layers import ShortConv, rope
 from tmem.memory import gradient, ttt
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
 
 FORMS = ("dual", "recurrent")
 INNERS = ("linear", "mlp")
@@ -58,21 +58,11 @@ class TTTConfig(MixerConfig):
     rope: bool = True  # RoPE on q and k at the position within the mini-batch
 
     def check(self, width: int) -> None:
-        for field, allowed in (("form", FORMS), ("inner", INNERS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"mixer.{field}={getattr(self, field)!r} is not one of: {', '.join(allowed)}")
-        if self.expansion < 1:
-            raise ValueError(f"mixer.expansion={self.expansion} must be positive")
-        if self.heads < 1 or width % self.heads:
-            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        check_knobs(self, choices={"form": FORMS, "inner": INNERS}, positive=("expansion", "mini_batch"), width=width)
         if self.rope and (width // self.heads) % 2:
             raise ValueError(f"mixer.rope needs an even head width, not {width // self.heads}; set mixer.rope=false")
-        if self.mini_batch < 1:
-            raise ValueError(f"mixer.mini_batch={self.mini_batch} must be positive")
         if self.base_lr <= 0:
             raise ValueError(f"mixer.base_lr={self.base_lr} must be positive")
-        if self.short_conv < 0:
-            raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
 
     def state_size(self, width: int, seq_len: int) -> int:
         """The weights and the open mini-batch's change of them per head (and the MLP's decay product, always 1),
