@@ -2,6 +2,13 @@
 
     python benchmarks/fast_weight_speed.py                       # every row, T = 512 .. 8192
     python benchmarks/fast_weight_speed.py --rows deltanet --lengths 1024 4096
+    python benchmarks/fast_weight_speed.py --rows mesa ttt_linear ttt_mlp titans   # the test-time-regression rows
+
+The test-time-regression rows' "chunked" form is their training form (mesa's
+parallel solve by 30 conjugate-gradient steps, TTT-Linear's dual form, the
+gradient memory's scan over mini-batches of 16 with TTT-MLP's and Titans'
+settings) and "recurrent" their token loop; their slow weights (mesa's
+Lambda, the initial inner models, TTT's LayerNorm) are differentiated too.
 
 Forward + backward of the memory alone (tmem.memory: `chunked`, `recurrent`,
 `softmax_read` with a causal mask), at batch 4, 4 heads, d_k = d_v = 64, float32;
@@ -25,7 +32,7 @@ os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from tmem.memory import chunked, recurrent, softmax_read  # noqa: E402
+from tmem.memory import chunked, gradient, mesa, recurrent, softmax_read, ttt  # noqa: E402
 from tmem.memory.linear_state import retnet_log_decay  # noqa: E402
 
 ROWS = {  # the memory's inputs for each row: (decay kind, write strength given, delta rule)
@@ -38,12 +45,65 @@ ROWS = {  # the memory's inputs for each row: (decay kind, write strength given,
 }
 
 
+MINI_BATCH = 16  # TTT's and Titans' official mini-batch
+# the test-time-regression rows: the gradient memory's inner model and optimiser, or None for their own modules
+REGRESSION = {"mesa": None, "ttt_linear": None,
+              "ttt_mlp": (gradient.Inner("mlp", bias=True, norm=True), False),
+              "titans": (gradient.Inner("mlp", bias=True, norm=True), True)}  # (inner model, momentum and forgetting)
+
+
+def regression_inputs(row: str, x: dict, ks) -> dict:
+    """The gates, rates and slow weights a test-time-regression row's memory reads, beside q, k, v."""
+    B, T, H, d = x["q"].shape
+    gate = jax.nn.sigmoid(jax.random.normal(ks[3], (B, T, H)))
+    x["k"] = x["k"] / jnp.linalg.norm(x["k"], axis=-1, keepdims=True)
+    if row == "mesa":
+        x["q"] = x["q"] / jnp.linalg.norm(x["q"], axis=-1, keepdims=True)
+        return {**x, "log_a": jnp.log(gate), "beta": gate, "lam": jnp.ones((H, d))}
+    ln = (jnp.ones((H, d)), jnp.zeros((H, d)))
+    tok = 1 / jnp.arange(1, MINI_BATCH + 1)
+    if row == "ttt_linear":
+        W0 = 0.02 * jax.random.normal(ks[5], (H, d, d))
+        return {**x, "lr": gate / d, "token_lr": tok, "ln": ln, "W0": W0}
+    inner, titans = REGRESSION[row]
+    params = gradient.init_params(inner, H, d, 4 * d, ks[5], 0.02)
+    out = {**x, "theta": gate / d, "ln": ln, "params": params}
+    if titans:
+        out.update(log_a=jnp.log1p(-gate / 100), log_eta=jnp.log(gate))
+    else:
+        out["tok"] = tok
+    return out
+
+
+def regression_memory(form: str, row: str, x: dict):
+    """The row's memory read-out from an empty state (its initial weights for the gradient rows)."""
+    B, _, H, d = x["q"].shape
+    if row == "mesa":
+        if form == "chunked":
+            return mesa.parallel(**x)[0]
+        return mesa.recurrent(**x)[0]
+    x = dict(x)
+    if row == "ttt_linear":
+        W0 = x.pop("W0")
+        scale, bias = x.pop("ln")
+        state = (jnp.broadcast_to(W0[None], (B, H, d, d)), jnp.zeros((B, H, d)), jnp.zeros((B, H, d, d)),
+                 jnp.zeros((B, H, d)))
+        form_fn = ttt.dual if form == "chunked" else ttt.recurrent
+        return form_fn(**x, ln_scale=scale, ln_bias=bias, state=state, mini_batch=MINI_BATCH)[0]
+    inner, titans = REGRESSION[row]
+    state = gradient.initial_state(x.pop("params"), B, momentum=titans)
+    form_fn = gradient.parallel if form == "chunked" else gradient.recurrent
+    return form_fn(**x, inner=inner, state=state, mini_batch=MINI_BATCH)[0]
+
+
 def inputs(row: str | None, B: int, T: int, H: int, d: int) -> dict:
     ks = jax.random.split(jax.random.key(0), 6)
     x = {"q": jax.random.normal(ks[0], (B, T, H, d)), "k": jax.random.normal(ks[1], (B, T, H, d)),
          "v": jax.random.normal(ks[2], (B, T, H, d))}
     if row is None:
         return x
+    if row in REGRESSION:
+        return regression_inputs(row, x, ks)
     decay, strength, delta = ROWS[row]
     if delta:
         x["k"] = x["k"] / jnp.linalg.norm(x["k"], axis=-1, keepdims=True)
@@ -62,9 +122,11 @@ def program(form: str, row: str | None, chunk: int, sub_chunk: int):
     and nothing but the memory is timed: a nonlinear loss such as sum(o cos o) would add about
     20 ms of sines and cosines at T = 4096 to both forms alike (benchmarks/chunked_on_cpu.py).
     """
-    delta = row is not None and ROWS[row][2]
+    delta = row in ROWS and ROWS[row][2]
 
     def memory(x):
+        if row in REGRESSION:
+            return regression_memory(form, row, x)
         if row is not None and ROWS[row][0] == "fixed":  # a constant of the model, as in the mixer: not differentiated
             B, T, H, _ = x["q"].shape
             x = {**x, "log_a": jnp.broadcast_to(retnet_log_decay(H)[:, None], (B, T, H, 1))}
@@ -114,7 +176,7 @@ def fmt(r):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=[*ROWS, *REGRESSION])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--forms", nargs="+", default=["chunked", "recurrent"], choices=["chunked", "recurrent"])
     parser.add_argument("--batch", type=int, default=4)
