@@ -2,6 +2,7 @@
 cell that cannot work is refused in one line before anything compiles."""
 
 import dataclasses
+from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,7 @@ NAMED = {
 QUICK = {"mamba2", "gated_deltanet", "mesa", "ttt_mlp", "titans"}
 
 
+@lru_cache(maxsize=None)  # composing is most of a config test's cost, and the named rows are composed twice
 def mixer_of(*overrides):
     return validate(compose_config(["logger=disabled", f"model.width={WIDTH}", *overrides])).mixer
 

@@ -11,7 +11,7 @@ mini-batch of `mini_batch` tokens started from (the paper's parallel
 training), and read y_t = m(q_t) at M_t. The layer follows the paper and
 anchors/mixers.md 4.2: q, k, v projections, each through a short causal
 convolution and SiLU, unit (L2-normalised) q and k, the three rates per head
-from the token, theta_t = sigmoid(W_theta x + c), eta_t = sigmoid(W_eta x + c)
+from the token, theta_t = base_lr sigmoid(W_theta x + c) / d, eta_t = sigmoid(W_eta x + c)
 and alpha_t = sigmoid(W_alpha x + c), an RMSNorm of each head's read and the
 output map. The initial memory is a slow weight (an MLP from zero would have
 zero gradient).
@@ -51,6 +51,9 @@ class TitansConfig(MixerConfig):
     expansion: int = 4
     bias: bool = True  # biases in the memory's layers
     inner_norm: bool = True  # the memory as x + LN(m(x)), target v - k (TTT's and fla's form); false: m(x), target v
+    # the inner rate theta_t = base_lr sigmoid(W_theta x + c) / d on the half-loss: the 1/d of a loss averaged
+    # over the head's d features, as lucidrains' titans-pytorch (max_lr 1 there is base_lr 2 here), and TTT's
+    base_lr: float = 1.0
     mini_batch: int | None = 16  # tokens whose gradients are taken at the same weights; null: the whole sequence
     momentum: bool = True
     forget: str = "gate"  # the memory's decay 1 - alpha_t: none | fixed (per head) | gate (from the token)
@@ -61,6 +64,8 @@ class TitansConfig(MixerConfig):
     def check(self, width: int) -> None:
         check_knobs(self, choices={"function": gradient.FUNCTIONS, "form": FORMS, "forget": FORGETS,
                                    "initial": INITIALS}, positive=("mini_batch", "expansion"), width=width)
+        if self.base_lr <= 0:
+            raise ValueError(f"mixer.base_lr={self.base_lr} must be positive")
         if self.function == "mlp" and self.initial == "zero":
             raise ValueError("mixer.initial=zero with an MLP memory: every gradient of an MLP at zero is zero, so it "
                              "would never learn; use mixer.initial=learned")
@@ -118,7 +123,7 @@ class Titans(Mixer):
     def rates(self, x_btd):
         """theta_t, log(1 - alpha_t) (None: no forgetting) and log eta_t (None: no momentum), each [B, T, H]."""
         cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
-        theta = jax.nn.sigmoid(self.theta(x_btd))
+        theta = cfg.base_lr * jax.nn.sigmoid(self.theta(x_btd)) / self.d
         log_a = None
         if cfg.forget == "fixed":
             log_a = jnp.broadcast_to(retnet_log_decay(H), (B, T, H))

@@ -4,8 +4,9 @@ The memory is the inner model f(x) = x + LN(g(x)) per head, g linear
 (x W + b; tmem/memory/ttt.py, with its hand-written dual form) or an MLP
 (GELU(x W1 + b1) W2 + b2, hidden 4d; tmem/memory/gradient.py), trained inside
 the forward pass on the loss 1/2 ||LN(g(k)) - (v - k)||^2 with a mini-batch of
-`mini_batch` tokens per step and a learned per-token rate. The layer follows the official JAX code
-(test-time-training/ttt-lm-jax, TTTLinear; anchors/mixers.md 4.1):
+`mini_batch` tokens per step and a learned per-token rate. The layer follows
+the official JAX code (test-time-training/ttt-lm-jax, TTTLinear and TTTMLP;
+anchors/mixers.md 4.1):
 
 * q and k share one projection, each with its own causal depthwise
   convolution (kernel 4, with a bias, no activation); v its own projection;
