@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 train: setup
 	$(VENV)/bin/python train.py $(ARGS)
 
+# the 25 slowest tests close the report: where the suite's 15-minute budget goes, in every CI log
 test: setup
-	$(VENV)/bin/python -m pytest -n 2 --dist worksteal $(ARGS)
+	$(VENV)/bin/python -m pytest -n 2 --dist worksteal --durations=25 $(ARGS)
 
 test-quick: setup
 	$(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not slow and not notebook" $(ARGS)

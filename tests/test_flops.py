@@ -145,7 +145,7 @@ def recurrent_job(row: str) -> tuple[str, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", RECURRENT)
+@pytest.mark.parametrize("row", ["gated_deltanet"])  # GLA's vector decay is checked in the step alone, below
 def test_xla_counts_the_scan_over_tokens_once(row):
     analytic = step_flops(config(*recurrent_job(row)), loop_bodies_once=True)["total"]
     xla = xla_flops(*recurrent_job(row))

@@ -65,13 +65,13 @@ def test_a_named_cell_is_its_row_the_same_function_with_the_same_parameters(row)
     assert float(jnp.abs(y_row).max()) > 0 and bool(jnp.array_equal(y_cell, y_row))
 
 
-# cells no paper names, one per family they resolve to
+# cells no paper names, one per family they resolve to (the MLP cell is the example; one step of an MLP
+# from its learned start is the same layer with mini_batch=null, whose memory tests/test_gradient_memory.py covers)
 UNNAMED = {
     "decay-linear-sgd": (["mixer.weights=decay", "mixer.optimizer=sgd"], "FastWeightConfig"),
     "uniform-linear-exact": (["mixer.optimizer=exact"], "MesaConfig"),
     "decay-mlp-sgd": (["mixer.weights=decay", "mixer.function=mlp", "mixer.optimizer=sgd"], "TitansConfig"),
     "gate-linear-minibatch": (["mixer.weights=gate", "mixer.optimizer=minibatch"], "TitansConfig"),
-    "uniform-mlp-one-step": (["mixer.function=mlp"], "TitansConfig"),
 }
 
 
