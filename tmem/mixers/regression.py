@@ -1,4 +1,4 @@
-"""The regression row: any cell of the test-time-regression grid, chosen by its three knobs.
+"""The regression mixer: any cell of the test-time-regression grid, chosen by its three knobs.
 
 The slides ("Test-time regression: three knobs") write every fast-weight layer
 as solving, inside its forward pass,
