@@ -14,8 +14,17 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+# Without LLVM's optimisation passes a tiny test's programs compile in about half the time (a tiny training test
+# from a cold cache: 32 s -> 16 s) and run no slower. A test that trains a real job runs its programs for minutes,
+# and there the passes pay (DeltaNet's default job: 200 s without them, about 50 s with): such a test runs its
+# entry point with `run_entry(..., optimised=True)`.
+UNOPTIMISED = "--xla_backend_optimization_level=0"
+OPTIMISED_FLAGS = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != UNOPTIMISED)
+# (without the flag: xdist's workers inherit it from the process that started them)
+os.environ["XLA_FLAGS"] = f"{OPTIMISED_FLAGS} {UNOPTIMISED}".strip()
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -45,9 +54,19 @@ TINY_LINREG = [
 ]
 
 
-def fast_jit(fn, **kwargs):
-    """jax.jit for tests on tiny shapes, compiled without LLVM optimisation: compiling is most of their cost."""
-    return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 0}, **kwargs)
+# a task's sampler and loss, jitted once per task: a task (frozen, hashable) is a static argument
+_sample = jax.jit(lambda task, key, n: task.sample(key, n), static_argnums=(0, 2))
+_loss = jax.jit(lambda task, logits, batch: task.loss(logits, batch)[1], static_argnums=0)
+
+
+def sample_task(task, n: int, seed: int = 0):
+    """n examples of `task` from key `seed`, as numpy arrays."""
+    return jax.tree.map(np.asarray, _sample(task, jax.random.key(seed), n))
+
+
+def task_metrics(task, logits, batch) -> dict[str, float]:
+    """The metrics `task.loss` reports for `logits` on `batch`."""
+    return {k: float(v) for k, v in _loss(task, logits, batch).items()}
 
 
 def compose_config(overrides=(), config_name: str = "train"):
@@ -69,10 +88,15 @@ def tiny_cfg():
     return make
 
 
-def run_entry(script: str, *args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Run train.py or eval.py as a user would, from the repository root."""
+def run_entry(script: str, *args: str, timeout: float = 300, optimised: bool = False,
+              **kwargs) -> subprocess.CompletedProcess:
+    """Run train.py or eval.py as a user would, from the repository root (`optimised`: with LLVM's passes, for a
+    real job that runs longer than it compiles)."""
+    env = kwargs.pop("env", None)
+    if optimised:
+        env = {**(env or os.environ), "XLA_FLAGS": OPTIMISED_FLAGS}
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+                          text=True, timeout=timeout, env=env, **kwargs)
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ def test_unknown_store_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_the_table_at_d_k_64_is_within_ten_percent_of_the_exact_moment_forms(tmp_path):
-    done = run_entry("eval.py", "probes=[capacity]", "logger=disabled", f"hydra.run.dir={tmp_path}", timeout=1200)
+    done = run_entry("eval.py", "probes=[capacity]", "logger=disabled", f"hydra.run.dir={tmp_path}", timeout=1200,
+                     optimised=True)
     assert done.returncode == 0, done.stderr[-3000:]
     table = json.loads((tmp_path / "report.json").read_text())["capacity"]
     assert table["d_k"] == 64

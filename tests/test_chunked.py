@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import fast_jit
 from tmem.memory.chunked import chunked, intra_scores
 from tmem.memory.linear_state import recurrent
 
@@ -33,7 +32,7 @@ def inputs(T, decay, delta, seed=0):
                 log_a=log_a, beta=beta, state=jax.random.normal(ks[5], (B, H, DK, DV)))
 
 
-@partial(fast_jit, static_argnums=(0, 2), static_argnames=("chunk", "sub_chunk"))
+@partial(jax.jit, static_argnums=(0, 2), static_argnames=("chunk", "sub_chunk"))
 def value_and_grads(form, x, delta, **kw):
     """(o, final state) and the gradients of a random projection of both w.r.t. every input."""
     names = [n for n in x if x[n] is not None]
@@ -107,8 +106,8 @@ def test_reads_at_positions_continue_from_a_state():
 
 def test_continuing_from_a_state_equals_one_pass():
     x = inputs(14, "vector", True)
-    o_ref, S_ref = fast_jit(partial(recurrent, precision=FULL), static_argnames="delta")(**x, delta=True)
-    form = fast_jit(partial(chunked, chunk=4, sub_chunk=2, precision=FULL), static_argnames="delta")
+    o_ref, S_ref = jax.jit(partial(recurrent, precision=FULL), static_argnames="delta")(**x, delta=True)
+    form = jax.jit(partial(chunked, chunk=4, sub_chunk=2, precision=FULL), static_argnames="delta")
     first, second = ({n: a if n == "state" else a[:, part] for n, a in x.items()} for part in (slice(7), slice(7, 14)))
     o1, S1 = form(**first, delta=True)  # 7 tokens: not a multiple of the chunk
     o2, S2 = form(**dict(second, state=S1), delta=True)
@@ -125,7 +124,7 @@ def test_vector_scores_in_sub_chunks_equal_per_channel_decays():
     want = jnp.einsum("bik,bjk,bijk->bij", x, k, jnp.exp(jnp.where(jnp.tril(jnp.ones((C, C), bool))[..., None],
                                                                      diff, -jnp.inf)))
     subs = (1, 3, 4, 12)  # blocks of one token, of several, and the whole chunk as one block
-    got = fast_jit(lambda x, k, b: [intra_scores(x, k, b, sub, precision=FULL) for sub in subs])(x, k, b)
+    got = jax.jit(lambda x, k, b: [intra_scores(x, k, b, sub, precision=FULL) for sub in subs])(x, k, b)
     for sub, scores in zip(subs, got):
         assert rel_err(scores, want) <= TOL, sub
 

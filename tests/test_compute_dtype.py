@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import fast_jit
 from tmem.config import ConfigError
 from tmem.train.build import build
 from tmem.train.step import make_loss, make_train_step
@@ -17,7 +16,7 @@ def loss_and_grads(cfg, dtype):
     graphdef, state = built.graphdef, built.state
     batch = cfg.task.sample(jax.random.key(5), 16)
     fn = jax.value_and_grad(make_loss(graphdef, cfg.task, dtype), has_aux=True)
-    (loss, _), grads = fast_jit(fn)(state.params, state.rest, batch)
+    (loss, _), grads = jax.jit(fn)(state.params, state.rest, batch)
     return float(loss), grads, (fn, state, batch)
 
 
@@ -40,7 +39,7 @@ def test_bfloat16_agrees_with_float32_within_its_precision(tiny_cfg, mixer):
 def test_a_bfloat16_step_keeps_parameters_and_optimizer_state_in_float32(tiny_cfg):
     cfg, _ = tiny_cfg("train.compute_dtype=bfloat16")
     built = build(cfg)
-    step = fast_jit(make_train_step(built.graphdef, cfg.task, built.tx, 16, built.schedule, None, None,
+    step = jax.jit(make_train_step(built.graphdef, cfg.task, built.tx, 16, built.schedule, None, None,
                                    cfg.train.compute_dtype))
     state, metrics = step(step(built.state)[0])  # two steps: warmup's first rate is 0
     assert np.isfinite(float(metrics["loss"]))

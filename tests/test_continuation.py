@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, fast_jit
-from golden import MIXERS, TOKENS_ONLY, VECTOR, _with_heads
+from conftest import ROOT, TINY
+from golden import MIXERS, VECTOR, VECTOR_ROWS, _with_heads
 from tmem.mixers import CONFIGS
 
 
@@ -36,23 +36,27 @@ def _chunked(mixer: str) -> list[str]:
                     else [])
 
 
+# rows also read as a looped model (tied blocks, learned positions), one per kind of state: a looped model keeps
+# one state per application and learned positions need the token count, which is the backbone's part
+TIED_ROWS = {"softmax", "none", "retnet", "mesa", "ttt_linear"}
+
+
 def cases() -> dict[str, list[str]]:
     tokens = [o for o in TINY if o != "mixer.heads=2"]
     out = {}
     for m in MIXERS:
         out[f"tokens-{m}"] = [*_with_heads(tokens, m), *_chunked(m)]
-        if m in TOKENS_ONLY:
-            continue
-        # a looped model keeps one state per application; learned positions need the token count
-        out[f"tokens-{m}-tied-learned"] = [*out[f"tokens-{m}"], "model.depth=3", "model.tie_blocks=true",
-                                           "model.positions=learned"]
-        causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
-        out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
+        if m in TIED_ROWS:
+            out[f"tokens-{m}-tied-learned"] = [*out[f"tokens-{m}"], "model.depth=3", "model.tie_blocks=true",
+                                               "model.positions=learned"]
+        if m in VECTOR_ROWS | {"lsa"}:
+            causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
+            out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
     out["tokens-softmax-rope"] = [*_with_heads(tokens, "softmax"), "model.positions=rope"]
     return out
 
 
-@partial(fast_jit, static_argnums=2)
+@partial(jax.jit, static_argnums=2)
 def _read(model, inputs, splits):
     """The whole sequence in one call, and in three calls that continue from each other's states."""
     full, _ = model.forward(inputs)
@@ -68,6 +72,7 @@ def _read(model, inputs, splits):
 # are slow
 QUICK = {"tokens-softmax-rope", "tokens-lsa", "tokens-none-tied-learned", "tokens-retnet-tied-learned",
          "tokens-gated_deltanet", "vectors-lsa", "vectors-softmax"}
+assert QUICK <= set(cases())
 
 
 @pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in sorted(cases())])

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import ROOT, compose_config, fast_jit
+from conftest import ROOT, compose_config
 from tmem.config import validate
 from tmem.flops import feature_map_cost, step_flops
 from tmem.memory.features import feature_map
@@ -44,16 +44,16 @@ def config(*overrides):
 def xla_flops(*overrides) -> float:
     """XLA's count for the train step as benchmarks/mqar_speed.py compiles it, less that of sampling the batch.
 
-    fast_jit turns down LLVM's optimisation only, which compiles several times faster: the HLO XLA counts is
+    jax.jit turns down LLVM's optimisation only, which compiles several times faster: the HLO XLA counts is
     the same. The sampler (threefry, the task's draws) is left out of the analytic count, so its own count, compiled
     alone, is taken off: about 1.1 MFLOP for 64 MQAR examples, 0.1% of a step but 4% of mixer=none's.
     """
     cfg = config(*overrides)
     t = cfg.train
     graphdef, state, tx, schedule = build(cfg)
-    step = fast_jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
+    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
     slice_size = min(t.microbatch or t.batch_size, t.batch_size)
-    sample = fast_jit(lambda key: cfg.task.sample(key, slice_size))
+    sample = jax.jit(lambda key: cfg.task.sample(key, slice_size))
     return flops_of(step.lower(state)) - flops_of(sample.lower(jax.random.key(0)))
 
 
@@ -210,7 +210,7 @@ def test_the_count_of_a_recurrent_step_matches_xla(rule, decay, strength):
         return o, pullback(do)
 
     spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-    xla = flops_of(fast_jit(read_and_pull_back).lower({n: spec(s) for n, s in shapes.items()}, spec((B, T, H, d))))
+    xla = flops_of(jax.jit(read_and_pull_back).lower({n: spec(s) for n, s in shapes.items()}, spec((B, T, H, d))))
     analytic = token_step(B * H, d, d, G, trained, strength, rule == "delta")
     copies = xla_step_copies(B * H * d * d, rule == "delta", G is not None, trained, strength)
     assert analytic + copies == pytest.approx(xla, rel=0.01), f"analytic {analytic} + copies {copies}, XLA {xla}"
@@ -223,8 +223,8 @@ def test_the_feature_maps_cost_what_xla_counts(name, nu):
     x = jax.ShapeDtypeStruct((64, 16), jnp.float32)
     phi = lambda x: feature_map(name, x, nu)  # noqa: E731
     g = jax.ShapeDtypeStruct(jax.eval_shape(phi, x).shape, jnp.float32)
-    forward = flops_of(fast_jit(phi).lower(x))
-    both = flops_of(fast_jit(lambda x, g: (phi(x), jax.vjp(phi, x)[1](g))).lower(x, g))
+    forward = flops_of(jax.jit(phi).lower(x))
+    both = flops_of(jax.jit(lambda x, g: (phi(x), jax.vjp(phi, x)[1](g))).lower(x, g))
     assert (forward / x.size, (both - forward) / x.size) == feature_map_cost(name, nu)
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import fast_jit
 from tmem.memory.softmax import fused_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 
@@ -47,7 +46,7 @@ def read_and_grads(implementation, options, rope=True):
         y, _ = nnx.merge(graphdef, params, rest)(x)
         return jnp.sum(y * probe), y
 
-    (_, y), (g_params, g_x) = fast_jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    (_, y), (g_params, g_x) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
     return y, jax.tree.leaves(g_params) + [g_x]
 
 

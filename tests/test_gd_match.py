@@ -93,10 +93,10 @@ def test_probe_applies_to_regression_runs_only(tiny_cfg):
 def test_one_layer_trained_with_the_commands_converges_to_one_gd_step(tmp_path):
     """train.py experiment=icl_gd cut to 800 steps (it converges by about 450), then eval.py."""
     args = ["experiment=icl_gd", "train.steps=800", "task.heldout_size=4000"]
-    done = run_entry("train.py", *args, "logger=disabled", f"hydra.run.dir={tmp_path}")
+    done = run_entry("train.py", *args, "logger=disabled", f"hydra.run.dir={tmp_path}", optimised=True)
     assert done.returncode == 0, done.stderr[-3000:]
     done = run_entry("eval.py", f"run={tmp_path}", "probes=[gd_match]", "logger=disabled",
-                     "+options.gd_match.max_steps=2", "+options.gd_match.ood_scales=[1.0,2.0]")
+                     "+options.gd_match.max_steps=2", "+options.gd_match.ood_scales=[1.0,2.0]", optimised=True)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "eval" / "report.json").read_text())["gd_match"]
     assert abs(report["model_loss"] / report["gd_loss"] - 1) < 0.01

@@ -19,13 +19,15 @@ def test_loss_gradients_and_initialisation_match_the_recording(case):
     now = measure(cases()[case])
     before = {key.split("|", 1)[1]: RECORDED[key] for key in RECORDED.files if key.startswith(f"{case}|")}
     assert sorted(now) == sorted(before), "the model's parameters changed names or number"
-    # Initialisations agree to the float64 rounding of the same float32 numbers. Loss and gradients agree
-    # to 1e-5 of the case's largest gradient, a margin over the machine alone: run at XLA's optimisation
-    # level 0 (fast_jit), the recording's own code (bee913c) computes every case bit for bit as the code
-    # after the refactor on one machine, yet differs from the recording, made on another, by up to 4.3e-6
-    # of it (tokens-retnet), and an AVX2 build moves them by 3.4e-7. A changed term moves them by far more.
+    # Initialisations agree to a float32 rounding (3e-7): the tests compile at LLVM's optimisation level 0
+    # (conftest), which moves an initialiser's last bit (1.6e-8 relative seen); a changed initialiser moves
+    # far more. Loss and gradients agree to 1e-5 of the case's largest gradient, a margin over the machine
+    # alone: at optimisation level 0 the recording's own code (bee913c) computes every case bit for bit as
+    # the code after the refactor on one machine, yet differs from the recording, made on another, by up to
+    # 4.3e-6 of it (tokens-retnet), and an AVX2 build moves them by 3.4e-7. A changed term moves them by far
+    # more.
     scale = max(np.abs(before[k]).max() for k in before if k.startswith("grad/"))
     for key in sorted(before):
-        tol = 1e-9 if key.startswith("param/") else 1e-5
+        tol = 3e-7 if key.startswith("param/") else 1e-5
         atol = tol * (scale if key.startswith("grad/") else 1.0)
         np.testing.assert_allclose(now[key], before[key], rtol=tol, atol=atol, err_msg=f"{case}: {key}")

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import fast_jit
 from tmem.memory import gradient, ttt
 from tmem.memory.linear_state import recurrent as linear_recurrent
 
@@ -49,7 +48,7 @@ def inputs(inner, *, momentum, decay, mini_batch, start, seed=0):
                 ln=(1 + normal(7, (H, D), 0.1), normal(8, (H, D), 0.1)), state=(M0, U, A, S))
 
 
-@partial(fast_jit, static_argnums=(0, 1), static_argnames=("mini_batch", "start"))
+@partial(jax.jit, static_argnums=(0, 1), static_argnames=("mini_batch", "start"))
 def value_and_grads(form, inner, x, **kw):
     """(o, state) and the gradients of a random projection of both w.r.t. every input."""
     do = jax.random.normal(jax.random.key(7), (B, T, H, D))

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import fast_jit
 from tmem.memory import softmax_read
 from tmem.memory.hopfield import hopfield_read, hopfield_update
 from tmem.mixers.hopfield import Hopfield, HopfieldConfig, converge
@@ -93,7 +92,7 @@ def test_the_layer_continues_from_its_state_and_reads_at_positions(knobs):
     x = jax.random.normal(jax.random.key(7), (2, 11, 16))
     read_at = jnp.array([[0, 6, 10], [3, 3, 9]])
 
-    @fast_jit
+    @jax.jit
     def reads(mixer, x):
         whole, state = mixer(x)
         first, prefix = mixer(x[:, :6])
@@ -112,7 +111,7 @@ def test_the_layer_is_causal_and_one_update_is_attention_with_values_tied_to_key
     mixer = layer()
     x = jax.random.normal(jax.random.key(8), (2, 9, 16))
     changed = x.at[:, 5:].add(1.0)
-    a, b = (fast_jit(lambda m, x: m(x)[0])(mixer, y) for y in (x, changed))
+    a, b = (jax.jit(lambda m, x: m(x)[0])(mixer, y) for y in (x, changed))
     np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-6, atol=1e-6)
     assert not np.allclose(a[:, 5:], b[:, 5:])
     X = (x @ mixer.patterns.kernel[...]).reshape(2, 9, 2, 8)
@@ -127,12 +126,12 @@ def test_converging_a_built_layer_iterates_to_the_tolerance_for_evaluation_only(
     which is why it is not a config field (a training run cannot ask for it)."""
     mixer = layer(iterations=2, temperature=2.0)
     x = jax.random.normal(jax.random.key(9), (1, 7, 16))
-    fixed = fast_jit(lambda m, x: m(x)[0])(mixer, x)
+    fixed = jax.jit(lambda m, x: m(x)[0])(mixer, x)
     assert converge(mixer, 1e-6, max_iterations=200) == 1
-    converged = fast_jit(lambda m, x: m(x)[0])(mixer, x)
+    converged = jax.jit(lambda m, x: m(x)[0])(mixer, x)
     assert not np.allclose(converged, fixed, atol=1e-4)
     assert "tolerance" not in HopfieldConfig.__dataclass_fields__
     with pytest.raises(ValueError, match="Reverse-mode differentiation does not work for lax.while_loop"):
         jax.grad(lambda x: mixer(x)[0].sum())(x)
     converge(mixer, None)
-    np.testing.assert_allclose(fast_jit(lambda m, x: m(x)[0])(mixer, x), fixed, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda m, x: m(x)[0])(mixer, x), fixed, rtol=1e-6)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, run_entry
 from tasks import Batch
 from tmem.config import LoggerConfig, validate
 from tmem.model import build_model, load_weights
@@ -143,14 +143,13 @@ def test_periods_that_do_not_fit_are_a_config_error(tiny_repeat_run):
 
 
 def train_and_probe(tmp_path, *overrides):
-    """Train `experiment=induction_heads` with overrides in-process; the probe's report with formation."""
-    from omegaconf import OmegaConf
-
-    from tmem.train.loop import run
+    """Train `experiment=induction_heads` with overrides as a user would (optimised: it runs far longer than it
+    compiles), then the probe's report with formation, in-process."""
+    done = run_entry("train.py", "experiment=induction_heads", "logger=disabled", *overrides,
+                     f"hydra.run.dir={tmp_path}", optimised=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
     from tmem.train.restore import load_run
 
-    raw = compose_config(["experiment=induction_heads", "logger=disabled", *overrides])
-    run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
     cfg, model, step, history = load_run(tmp_path)
     report, _ = PROBES["induction"].run(ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0),
                                                    history=history))

@@ -9,13 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import fast_jit
 from tmem.memory.chunked import chunked
 from tmem.memory.linear_state import recurrent
 
 FULL = jax.lax.Precision.HIGHEST  # exact stores and equalities hold in full float32
-FORMS = {"recurrent": fast_jit(partial(recurrent, precision=FULL), static_argnames="delta"),
-         "chunked": fast_jit(partial(chunked, chunk=3, precision=FULL), static_argnames="delta")}
+FORMS = {"recurrent": jax.jit(partial(recurrent, precision=FULL), static_argnames="delta"),
+         "chunked": jax.jit(partial(chunked, chunk=3, precision=FULL), static_argnames="delta")}
 B, T, H, DK, DV = 2, 7, 2, 4, 3
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, fast_jit
+from conftest import compose_config
 from tasks import TASKS
 from tasks.mad import macro_accuracy
 from tasks.mad_compression import Compression
@@ -23,7 +23,7 @@ N = 64
 @functools.cache
 def sampler(task, n):
     """Training and test batches from the same key, compiled once per task."""
-    return fast_jit(lambda k: (task.sample(k, n), task.sample_heldout(k, n)))
+    return jax.jit(lambda k: (task.sample(k, n), task.sample_heldout(k, n)))
 
 
 def draw(task, n=N, seed=0):
@@ -209,7 +209,7 @@ def test_each_config_composes_and_trains(name):
         assert metrics["loss"].shape == metrics["macro_accuracy"].shape == ()
         return
     before = jax.tree.map(np.array, nnx.to_pure_dict(built.state.params))
-    step = fast_jit(train_step, donate_argnums=0)
+    step = jax.jit(train_step, donate_argnums=0)
     state, metrics = step(built.state)
     state, metrics = step(state)
     assert np.isfinite(float(metrics["loss"])) and 0 <= float(metrics["macro_accuracy"]) <= 1

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import fast_jit
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 
 MAMBA2 = dict(decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, heads=4)
@@ -78,7 +77,7 @@ def test_the_layer_equals_its_written_out_definition_in_both_forms(knobs):
     with jax.default_matmul_precision("highest"):
         for form in ("chunked", "recurrent"):
             layer = mamba2(form, chunk=4, **knobs)
-            got = fast_jit(lambda m, x: m(x)[0])(layer, x)
+            got = jax.jit(lambda m, x: m(x)[0])(layer, x)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=form)
 
 

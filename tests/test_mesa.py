@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import fast_jit
 from tmem.memory import mesa
 from tmem.memory.stores import rls_init, rls_writes
 
@@ -34,7 +33,7 @@ def inputs(seed=0, with_state=True):
                 lam=0.25 + jax.nn.softplus(jax.random.normal(ks[5], (H, DK))), state=state)
 
 
-@partial(fast_jit, static_argnums=0, static_argnames=("solver", "cg_steps", "chunk"))
+@partial(jax.jit, static_argnums=0, static_argnames=("solver", "cg_steps", "chunk"))
 def value_and_grads(form, x, **kw):
     """(o, (H, G)) and the gradients of a random projection of all three w.r.t. every input."""
     names = [n for n in x if x[n] is not None]

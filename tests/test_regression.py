@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from conftest import compose_config, fast_jit
+from conftest import compose_config
 from tmem.config import ConfigError, validate
 from tmem.mixers import layer_of
 from tmem.mixers.regression import PRESETS
@@ -41,7 +41,7 @@ def mixer_of(*overrides):
 def call(layer, x):
     """The layer's read-out of x, compiled."""
     graphdef, state = nnx.split(layer)
-    return fast_jit(lambda state: nnx.merge(graphdef, state)(x)[0])(state)
+    return jax.jit(lambda state: nnx.merge(graphdef, state)(x)[0])(state)
 
 
 def test_every_preset_is_named_and_the_grid_spells_every_named_row():
@@ -87,7 +87,7 @@ def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
     def loss(params):
         return jnp.sum(jnp.square(nnx.merge(graphdef, params, rest)(x)[0]))
 
-    grads = fast_jit(jax.grad(loss))(params)
+    grads = jax.jit(jax.grad(loss))(params)
     norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
     assert all(jnp.isfinite(jnp.array(norms))) and sum(n > 0 for n in norms) >= len(norms) // 2
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, fast_jit
+from conftest import compose_config
 from tasks import TASKS, Cursor, draw
 from tasks.examples import permuted, split
 from tasks.linreg import LinReg
@@ -19,7 +19,7 @@ from tmem.config import ConfigError, validate
 def test_each_epoch_order_is_a_permutation():
     sizes = (1, 17, 1000)
 
-    @fast_jit
+    @jax.jit
     def orders(key):
         return [jax.vmap(lambda p, n=n: permuted(key, n, p))(jnp.arange(n)) for n in sizes]
 
@@ -32,7 +32,7 @@ def test_each_epoch_order_is_a_permutation():
 
 def test_a_fixed_set_repeats_its_examples_epoch_after_epoch():
     task = MQAR(vocab=32, seq_len=16, num_kv_pairs=2, train_examples=6)
-    stream = fast_jit(lambda key, start: draw(task, Cursor(key, start), 12).inputs)
+    stream = jax.jit(lambda key, start: draw(task, Cursor(key, start), 12).inputs)
     key = jax.random.key_data(jax.random.key(0))
     rows = [tuple(r) for r in np.asarray(stream(key, 0))]  # stream positions 0..11: two epochs of six examples
     assert len(set(rows[:6])) == 6 and set(rows[6:]) == set(rows[:6])
@@ -56,8 +56,8 @@ def test_the_train_step_draws_its_batch_from_the_fixed_set(tiny_cfg):
     built = build(cfg)
     state, loss_fn = built.state, make_loss(built.graphdef, cfg.task)
     # step 0's batch, sliced in two microbatches, is the stream's first eight examples
-    loss, _ = fast_jit(lambda s: loss_fn(s.params, s.rest, draw(cfg.task, Cursor(s.key, jnp.int32(0)), 8)))(state)
-    step = fast_jit(make_train_step(built.graphdef, cfg.task, built.tx, 8, built.schedule, microbatch=4))
+    loss, _ = jax.jit(lambda s: loss_fn(s.params, s.rest, draw(cfg.task, Cursor(s.key, jnp.int32(0)), 8)))(state)
+    step = jax.jit(make_train_step(built.graphdef, cfg.task, built.tx, 8, built.schedule, microbatch=4))
     _, metrics = step(state)
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
 
@@ -75,7 +75,7 @@ def test_tasks_with_their_own_sampler_draw_from_a_fixed_set_too():
     tasks = (Memorize(num_facts=32, num_values=4, seq_len=8, train_examples=5),
              LinReg(dim=3, num_examples=4, train_examples=5))
     key = jax.random.key_data(jax.random.key(0))
-    batches = fast_jit(lambda: [draw(t, Cursor(key, jnp.int32(0)), 10) for t in tasks])()
+    batches = jax.jit(lambda: [draw(t, Cursor(key, jnp.int32(0)), 10) for t in tasks])()
     for task, batch in zip(tasks, batches):
         fresh = jax.eval_shape(lambda t=task: t.sample(jax.random.key(0), 10))
         assert jax.tree.map(jnp.shape, batch) == jax.tree.map(lambda x: x.shape, fresh)

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import fast_jit
 from tmem.memory import ttt
 
 B, H, D = 2, 2, 4
@@ -32,7 +31,7 @@ def inputs(mini_batch=MB, start=0, seed=0):
                 ln_scale=1 + normal(5, (H, D), 0.1), ln_bias=normal(5, (H, D), 0.1)[::-1], state=state)
 
 
-@partial(fast_jit, static_argnums=0, static_argnames=("mini_batch", "start"))
+@partial(jax.jit, static_argnums=0, static_argnames=("mini_batch", "start"))
 def value_and_grads(form, x, **kw):
     """(o, state) and the gradients of a random projection of both w.r.t. every input."""
     names = list(x)
@@ -62,7 +61,7 @@ def test_the_dual_form_equals_the_definition_outputs_state_and_gradients(start):
         assert rel_err(a, b) <= 1e-5
 
 
-@fast_jit
+@jax.jit
 def sgd_per_token(x):
     """The inner loop written plainly, for one example and head at a time: W <- W - eta_t dl_t/dW at the current
     weights, eta_t = token_lr[0] * lr_t, then the read q_t + LN(q_t W + b). Its own LayerNorm and autodiff."""
