@@ -2,6 +2,11 @@
 
     python eval.py run=outputs/2026-11-29/13-20-00 'probes=[mqar_distance]'
     python eval.py run=<run dir> step=1000 'probes=[mqar_distance]'
+    python eval.py run=<run dir> 'probes=[heldout,mqar_distance]' task.seq_len=256 task.num_kv_pairs=32
+
+`task.<field>=` overrides a field of the run's task for every probe (the model
+stays as trained); such a report goes to <run>/eval/<the overrides>/, e.g.
+<run>/eval/task.num_kv_pairs=32,task.seq_len=256/, beside the others.
 """
 
 import sys
@@ -16,9 +21,16 @@ from hydra.core.hydra_config import HydraConfig
 from tmem.config import ConfigError, LoggerConfig, parse_group
 
 
-def eval_dir(run) -> str:
-    """Reports go beside the run they describe; runless probes get their own folder."""
-    return str(Path(run) / "eval") if run else time.strftime("outputs/probes/%Y-%m-%d/%H-%M-%S")
+def eval_dir(run, task=None) -> str:
+    """Reports go beside the run they describe, one folder per set of task overrides; runless probes get
+    their own folder."""
+    if not run:
+        return time.strftime("outputs/probes/%Y-%m-%d/%H-%M-%S")
+    if not task:
+        return str(Path(run) / "eval")
+    from tmem.train.task_overrides import spelled
+
+    return str(Path(run) / "eval" / spelled(OmegaConf.to_container(task, resolve=True)))
 
 
 OmegaConf.register_new_resolver("tmem.eval_dir", eval_dir, replace=True)
@@ -34,7 +46,8 @@ def main(cfg: DictConfig) -> dict:
         probes = list(cfg.probes) if not isinstance(cfg.probes, str) else [cfg.probes]
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         report = evaluate(cfg.run, probes, out_dir=out_dir, step=cfg.step, logger=logger,
-                          seed=cfg.seed, options=OmegaConf.to_container(cfg.options, resolve=True))
+                          seed=cfg.seed, options=OmegaConf.to_container(cfg.options, resolve=True),
+                          task=task_overrides(cfg))
     except (ConfigError, CheckpointError) as e:
         sys.exit(f"error: {e}")
     print(f"report: {out_dir.absolute() / 'report.json'} (step {report['step']})")
@@ -50,7 +63,12 @@ def check_command(argv: list[str]) -> None:
 
     cfg = compose_command(argv, "eval")
     probes = list(cfg.probes) if not isinstance(cfg.probes, str) else [cfg.probes]
-    check_request(cfg.run, probes, cfg.step)
+    check_request(cfg.run, probes, cfg.step, task_overrides(cfg))
+
+
+def task_overrides(cfg: DictConfig) -> dict:
+    """The command line's `task.<field>=value` overrides, field -> value (checked by tmem.train.task_overrides)."""
+    return OmegaConf.to_container(cfg.task, resolve=True)
 
 
 if __name__ == "__main__":

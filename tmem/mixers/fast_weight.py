@@ -152,7 +152,8 @@ def _rms_norm(x, scale, epsilon):
 class FastWeight(Mixer):
     """A fast-weight memory layer: project, write every token into the state, read it with the queries.
 
-    The final state of each call is sown as the `state` intermediate.
+    The final state of each call is sown as the `state` intermediate, and the keys it wrote (after the
+    convolution, feature map and normalisation) as `keys`.
     """
 
     def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
@@ -249,6 +250,8 @@ class FastWeight(Mixer):
             q, k = (_rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
         if cfg.groups != H:  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
             q, k = (jnp.repeat(y, H // cfg.groups, axis=2) for y in (q, k))
+        # the keys as the state receives them [B, T, H, d_phi]; a no-op outside nnx.capture (memory_state probe)
+        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)

@@ -90,6 +90,7 @@ class LinearSelfAttention(Mixer):
         B, T, _ = x_btd.shape
         H, d = self.heads, self.d_head
         k = self.key(x_btd).reshape(B, T, H, d)
+        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the keys written into the store
         v = self.value(x_btd).reshape(B, T, H, d)
         q = self.query(at_positions(x_btd, read_at)).reshape(B, -1, H, d)
         if self.cfg.layout == "prompt":  # (config validation has replaced auto by the task's layout)

@@ -74,7 +74,7 @@ class MesaState(MixerState):
 class Mesa(Mixer):
     """A mesa layer: write every token into H and G, read the ridge solution with the queries.
 
-    The final sums are sown as the `state` intermediate.
+    The final sums are sown as the `state` intermediate, and the unit keys written into them as `keys`.
     """
 
     def __init__(self, cfg: MesaConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
@@ -106,6 +106,7 @@ class Mesa(Mixer):
             qk, tail = short_conv(jnp.concatenate([q, k], -1), kernel, None if state is None else state.conv)
             q, k = jnp.split(jax.nn.silu(qk), 2, axis=-1)
         q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
+        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the unit keys written into H and G
         v = v.reshape(B, T, H, self.d)
         log_a = jnp.zeros((B, T, H))
         if cfg.forget == "gate":

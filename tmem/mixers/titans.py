@@ -91,7 +91,8 @@ class GradientState(MixerState):
 
 
 class Titans(Mixer):
-    """A Titans layer (and the grid's iterative cells); the final memory is sown as the `state` intermediate."""
+    """A Titans layer (and the grid's iterative cells); the final memory is sown as the `state` intermediate and
+    the keys it was trained on as `keys`."""
 
     def __init__(self, cfg: TitansConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # positions come from the convolutions and the forget gate
@@ -145,6 +146,7 @@ class Titans(Mixer):
             qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv)
             q, k, v = jnp.split(jax.nn.silu(qkv), 3, axis=-1)
         q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
+        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the unit keys the memory is trained on
         v = v.reshape(B, T, H, self.d)
         theta, log_a, log_eta = self.rates(x_btd)
         memory = (gradient.initial_state(self.initial_memory(), B, cfg.momentum) if state is None else state.memory)

@@ -86,7 +86,8 @@ class TTTState(MixerState):
 
 
 class TTT(Mixer):
-    """A TTT-Linear or TTT-MLP layer; the final state is sown as the `state` intermediate."""
+    """A TTT-Linear or TTT-MLP layer; the final state is sown as the `state` intermediate and the keys (the inner
+    model's training inputs) as `keys`."""
 
     def __init__(self, cfg: TTTConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # the layer's own RoPE, within the mini-batch (cfg.rope)
@@ -108,6 +109,11 @@ class TTT(Mixer):
         self.post_norm = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
 
     mlp = gradient.Inner("mlp", bias=True, norm=True)
+
+    def token_lr(self) -> jax.Array:
+        """The reading position's factor tok_i = max(0, 1/(i+1) + offset_i) [mini_batch]: a read at place i of
+        its mini-batch sees the weights W_0 - tok_i dW (tmem.memory.ttt.dual)."""
+        return jnp.maximum(1.0 / jnp.arange(1, self.cfg.mini_batch + 1) + self.token_offset[...], 0.0)
 
     def initial_state(self, B: int):
         if self.cfg.inner == "mlp":
@@ -134,8 +140,9 @@ class TTT(Mixer):
         if cfg.rope:
             place = (start + jnp.arange(T)) % cfg.mini_batch
             q, k = rope(q, place), rope(k, place)
+        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the inner model's training inputs
         lr = cfg.base_lr * jax.nn.sigmoid(x_btd @ self.lr_kernel[...] + self.lr_bias[...][None, None]) / self.d
-        token_lr = jnp.maximum(1.0 / jnp.arange(1, cfg.mini_batch + 1) + self.token_offset[...], 0.0)
+        token_lr = self.token_lr()
         memory = self.initial_state(B) if state is None else state.memory
         ln = self.ttt_scale[...], self.ttt_bias[...]
         if cfg.inner == "linear":

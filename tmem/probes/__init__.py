@@ -1,14 +1,17 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
-from tmem.probes import capacity, gd_match, induction, mqar_distance, rank_one_edit
+from tmem.probes import capacity, gd_match, induction, memory_state, mqar_distance, rank_one_edit
+from tmem.probes import heldout
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
     "mqar_distance": mqar_distance.probe,
+    "heldout": heldout.probe,
     "induction": induction.probe,
     "gd_match": gd_match.probe,
     "capacity": capacity.probe,
     "rank_one_edit": rank_one_edit.probe,
+    "memory_state": memory_state.probe,
 }
 
 __all__ = ["PROBES", "Probe", "ProbeInput"]

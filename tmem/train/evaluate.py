@@ -1,7 +1,15 @@
-"""The eval frame: restore a run (tmem.train.restore), run probes on it, write the report."""
+"""The eval frame: restore a run (tmem.train.restore), run probes on it, write the report.
+
+Task overrides (tmem.train.task_overrides) change the task the probes read,
+never the model: the run is restored from its own config, and the probes get
+the overridden config through ProbeInput.cfg. A report describes one
+checkpoint read on one task, so it records the overrides and starts afresh
+when either differs from the report already in its folder.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +18,7 @@ import jax
 from tmem.config import ConfigError, LoggerConfig
 from tmem.probes import PROBES, ProbeInput
 from tmem.train.restore import load_run, saved_run
+from tmem.train.task_overrides import spelled, with_task
 from tmem.train.tracking import Tracker
 
 
@@ -28,30 +37,48 @@ def select_probes(names: list[str], cfg) -> list[str]:
     return names
 
 
-def check_request(run_dir: str | None, probe_names: list[str], step: int | None = None) -> None:
+def check_request(run_dir: str | None, probe_names: list[str], step: int | None = None,
+                  task: dict | None = None) -> None:
     """Everything about an eval request that can be checked without restoring a model (eval.py calls it
     before Hydra writes the run's eval folder); ConfigError or CheckpointError in one line."""
-    select_probes(probe_names, None if run_dir is None else saved_run(run_dir, step)[0])
+    _needs_run(run_dir, task)
+    select_probes(probe_names, None if run_dir is None else with_task(saved_run(run_dir, step)[0], task))
+
+
+def _needs_run(run_dir: str | None, task: dict | None) -> None:
+    if task and run_dir is None:
+        raise ConfigError(f"{spelled(task)}: task overrides change a trained run's task: pass run=<run dir>")
 
 
 def evaluate(run_dir: str | None, probe_names: list[str], *, out_dir: Path, step: int | None = None,
-             logger: LoggerConfig = LoggerConfig(), seed: int = 0, options: dict | None = None) -> dict:
-    """Run the probes and write `report.json` and figures to out_dir; return the report."""
+             logger: LoggerConfig = LoggerConfig(), seed: int = 0, options: dict | None = None,
+             task: dict | None = None) -> dict:
+    """Run the probes and write `report.json` and figures to out_dir; return the report.
+
+    task: overrides of the run's task fields (field -> value), read by every probe.
+    """
+    task = dict(task or {})
+    _needs_run(run_dir, task)
     cfg = model = history = None
     if run_dir is not None:
-        cfg, model, step, history = load_run(run_dir, step)
+        trained, model, step, history = load_run(run_dir, step)
+        cfg = with_task(trained, task)  # the model stays as trained; only what the probes read changes
     select_probes(probe_names, cfg)
     out_dir = Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = out_dir / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    if report.get("step") != step:
-        report = {}  # a report describes one checkpoint
-    report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step)
+    if report.get("step") != step or report.get("task_overrides", {}) != task:
+        report = {}  # a report describes one checkpoint read on one task
+    report.update(run=None if run_dir is None else str(Path(run_dir).absolute()), step=step, task_overrides=task)
+    if cfg is not None:
+        report["task"] = {"name": cfg.task.name, **dataclasses.asdict(cfg.task)}
 
     name = cfg.name or Path(run_dir).absolute().name if cfg else "probes"
-    tracker = Tracker(logger, out_dir.parent if run_dir else out_dir, name=f"{name}-eval-{step}", group=name,
-                      config={"run": report["run"], "step": step, "probes": probe_names}, job_type="eval")
+    suffix = f"-{spelled(task)}" if task else ""
+    tracker = Tracker(logger, Path(run_dir).absolute() if run_dir else out_dir, name=f"{name}-eval-{step}{suffix}",
+                      group=name, config={"run": report["run"], "step": step, "probes": probe_names,
+                                          "task_overrides": task}, job_type="eval")
     inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(seed),
                      run_dir=None if run_dir is None else Path(run_dir).absolute(), history=history)
     figures = {}
