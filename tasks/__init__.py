@@ -10,6 +10,8 @@ from tasks.mad_recall import InContextRecall, NoisyInContextRecall
 from tasks.mad_selective_copying import SelectiveCopying
 from tasks.memorize import Memorize
 from tasks.mqar import MQAR
+from tasks.overwrite import Overwrite
+from tasks.patterns import Patterns
 from tasks.repeat import Repeat
 from tasks.triggers import Triggers
 
@@ -19,6 +21,8 @@ TASKS: dict[str, type] = {
     "repeat": Repeat,
     "triggers": Triggers,
     "linreg": LinReg,
+    "overwrite": Overwrite,  # MQAR with keys rewritten before the query (the note's delta-rule prediction)
+    "patterns": Patterns,  # pattern completion from a corrupted cue (the note's Chapter 6, Hopfield)
     # MAD's six (Poli et al. 2024), by MAD's task names
     "mad_in_context_recall": InContextRecall,
     "mad_fuzzy_in_context_recall": FuzzyInContextRecall,

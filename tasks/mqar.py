@@ -30,9 +30,32 @@ import jax.numpy as jnp
 from tasks.base import Batch, TokenTask, check, token_loss
 
 
-def _distinct(key: jax.Array, low: int, high: int, k: int) -> jax.Array:
+def distinct(key: jax.Array, low: int, high: int, k: int) -> jax.Array:
     """k distinct integers from [low, high), uniformly (Gumbel top-k)."""
     return low + jax.lax.top_k(jax.random.gumbel(key, (high - low,)), k)[1]
+
+
+def query_positions(key: jax.Array, start: int, seq_len: int, n: int, power_a: float) -> jax.Array:
+    """n distinct even positions in [start, seq_len), near `start` with a power-law tail, in random order.
+
+    Zoology's gaps: slot i (0-based) is drawn with p proportional to (i+1)^(a-1),
+    without replacement. Shared with tasks/overwrite.py so the two query regions
+    are drawn alike.
+    """
+    slots = (seq_len - start) // 2
+    log_p = (power_a - 1.0) * jnp.log(jnp.arange(1, slots + 1, dtype=jnp.float32))
+    gaps = jax.lax.top_k(log_p + jax.random.gumbel(key, (slots,)), n)[1]
+    return (start + 2 * gaps).astype(jnp.int32)
+
+
+def recall_sequence(key: jax.Array, context: jax.Array, query_pos: jax.Array, queried: jax.Array, seq_len: int,
+              vocab: int, random_fill: bool) -> jax.Array:
+    """The input tokens: `context` first, `queried[j]` at `query_pos[j]`, filler (random or 0) elsewhere."""
+    queries = jnp.zeros(seq_len, jnp.int32).at[query_pos].set(queried)
+    is_query = jnp.zeros(seq_len, bool).at[query_pos].set(True)
+    filler = jax.random.randint(key, (seq_len,), 0, vocab) if random_fill else jnp.zeros(seq_len, jnp.int32)
+    inputs = jnp.where(is_query, queries, filler)
+    return inputs.at[:context.shape[0]].set(context).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,26 +91,18 @@ class MQAR(TokenTask):
     def _example(self, key: jax.Array) -> Batch:
         kv, T, V = self.num_kv_pairs, self.seq_len, self.vocab
         k_keys, k_values, k_gaps, k_fill = jax.random.split(key, 4)
-        keys = _distinct(k_keys, 1, V // 2, kv)
-        values = _distinct(k_values, V // 2, V, kv)
+        keys = distinct(k_keys, 1, V // 2, kv)
+        values = distinct(k_values, V // 2, V, kv)
         context = jnp.tile(jnp.stack([keys, values], -1).reshape(-1), self.num_passes)
         C = context.shape[0]
 
-        slots = (T - C) // 2
-        log_p = (self.power_a - 1.0) * jnp.log(jnp.arange(1, slots + 1, dtype=jnp.float32))
-        gaps = jax.lax.top_k(log_p + jax.random.gumbel(k_gaps, (slots,)), kv)[1]
-        query_pos = (C + 2 * gaps).astype(jnp.int32)
-
-        queries = jnp.zeros(T, jnp.int32).at[query_pos].set(keys)
-        is_query = jnp.zeros(T, bool).at[query_pos].set(True)
-        filler = jax.random.randint(k_fill, (T,), 0, V) if self.random_non_queries else jnp.zeros(T, jnp.int32)
-        inputs = jnp.where(is_query, queries, filler)
-        inputs = inputs.at[:C].set(context)
+        query_pos = query_positions(k_gaps, C, T, kv, self.power_a)
+        inputs = recall_sequence(k_fill, context, query_pos, keys, T, V, self.random_non_queries)
 
         # Distance from the query back to the last copy of its key.
         key_pos = C - 2 * kv + 2 * jnp.arange(kv)
         return Batch(
-            inputs=inputs.astype(jnp.int32),
+            inputs=inputs,
             targets=values.astype(jnp.int32),
             mask=jnp.ones(kv, jnp.float32),
             positions=query_pos,
