@@ -70,7 +70,11 @@ CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, st
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# the quick subset keeps TTT-Linear's case; the MLP cases compile a token loop of autodiff steps (10-22 s each)
+QUICK = {"ttt-linear-cut"}
+
+
+@pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)])
 def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(case):
     spec, momentum, decay, mini_batch, start = CASES[case]
     inner = gradient.Inner(*spec)
