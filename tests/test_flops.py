@@ -112,6 +112,7 @@ def test_the_count_of_the_hopfield_and_mamba2_options_matches_xla(options):
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{options}: analytic {analytic:.4g}, XLA {xla:.4g}"
 
 
+@pytest.mark.slow  # 10 s: a fact about XLA's count, not a count of ours; the full suite keeps it
 def test_xla_counts_the_microbatch_loop_once():
     """The default job differentiates its 64 examples in a lax.map over 2 slices of 32: XLA counts one slice."""
     cfg = config()
@@ -121,6 +122,7 @@ def test_xla_counts_the_microbatch_loop_once():
     assert step_flops(cfg, loop_bodies_once=True)["total"] == pytest.approx(xla, rel=TOLERANCE)
 
 
+@pytest.mark.slow  # 13 s: a fact about XLA's count, not a count of ours; the full suite keeps it
 def test_xla_counts_the_scan_over_chunks_once():
     """DeltaNet in chunks of 32 passes its state through a scan of 2 steps, whose body XLA counts once."""
     overrides = ("mixer=deltanet", "train.microbatch=null", "mixer.chunk=32")

@@ -192,6 +192,7 @@ def test_post_norm_is_the_norm_of_the_residual_sum():
     np.testing.assert_allclose(block(x)[0], expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # 13 s; the quick subset continues softmax's states in test_two_calls_equal_one_wherever_the_split
 def test_a_post_norm_model_has_no_final_norm_and_continues_from_its_states(tiny_cfg):
     cfg, _ = tiny_cfg("model.norm_position=post", "mixer.window=5")
     model = build_model(cfg, cfg.task)

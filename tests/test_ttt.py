@@ -85,6 +85,7 @@ def sgd_per_token(x):
             x["state"][0], x["state"][1], x["q"], x["k"], x["v"], x["lr"], x["ln_scale"], x["ln_bias"])
 
 
+@pytest.mark.slow  # 11 s; the quick subset keeps the dual form against its definition
 def test_mini_batches_of_one_token_are_sgd_per_token_and_larger_ones_are_not():
     x = inputs(mini_batch=1)
     o_ref, W_ref, b_ref = sgd_per_token(x)
