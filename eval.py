@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> dict:
 
 def check_command(argv: list[str]) -> None:
     """The request checked before Hydra creates <run>/eval: a refused command writes nothing in the run."""
-    from tmem.config import compose_command
+    from tmem.command import compose_command
     from tmem.train.evaluate import check_request
 
     cfg = compose_command(argv, "eval")

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, compose_config, run_entry
-from tmem.config import GROUPS, ConfigError, check_group_overrides, validate
+from tmem.command import check_group_overrides
+from tmem.config import GROUPS, ConfigError, validate
 from tmem.mixers import MIXERS
 
 OPTIONS = [(group, p.stem) for group in GROUPS if group != "experiment"

@@ -87,7 +87,8 @@ def test_the_docs_show_commands():
 
 @pytest.mark.parametrize("doc, command", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_documented_command_composes(doc, command):
-    from tmem.config import check_group_overrides, validate
+    from tmem.command import check_group_overrides
+    from tmem.config import validate
     from tmem.probes import PROBES
 
     script, multirun, overrides = parse(command)

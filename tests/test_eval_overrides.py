@@ -98,7 +98,7 @@ def test_a_report_describes_one_task(rope_run, tmp_path):
 
 def test_reports_go_to_a_folder_named_by_the_overrides():
     eval_module = importlib.import_module("eval")
-    from tmem.config import compose_command
+    from tmem.command import compose_command
 
     out = compose_command(["run=/r", "task.seq_len=256", "task.num_kv_pairs=32"], "eval").hydra.run.dir
     assert out == "/r/eval/task.num_kv_pairs=32,task.seq_len=256"  # sorted: any order, one folder

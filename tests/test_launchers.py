@@ -11,7 +11,8 @@ import submitit
 from hydra.utils import instantiate
 
 from conftest import TINY
-from tmem.config import CONFIG_DIR, compose_command
+from tmem.command import compose_command
+from tmem.config import CONFIG_DIR
 from tmem.train import rundir
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from tmem.config import CONFIG_DIR, ConfigError, check_group_overrides, compose_command, overrides_of, validate
+from tmem.command import check_group_overrides, compose_command, overrides_of
+from tmem.config import CONFIG_DIR, ConfigError, validate
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
 RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
