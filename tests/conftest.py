@@ -69,6 +69,24 @@ def task_metrics(task, logits, batch) -> dict[str, float]:
     return {k: float(v) for k, v in _loss(task, logits, batch).items()}
 
 
+PARAM = type(pytest.param())  # what pytest.param returns
+
+
+def quick_only(cases, quick, ids=str) -> list:
+    """Parametrize `cases` so that only those whose id is in `quick` run in the quick subset (`-m "not slow"`);
+    the rest are marked slow and run in the full suite. A case is a value or a `pytest.param` (whose id and
+    marks are kept); `ids` names a plain value."""
+    assert quick, "the quick subset keeps at least one case"
+    out = []
+    for c in cases:
+        if not isinstance(c, PARAM):
+            c = pytest.param(*(c if isinstance(c, tuple) else (c,)), id=ids(c))
+        out.append(c if c.id in quick else pytest.param(*c.values, id=c.id, marks=[*c.marks, pytest.mark.slow]))
+    unknown = set(quick) - {c.id for c in out}
+    assert not unknown, f"quick cases that are not cases: {sorted(unknown)}"
+    return out
+
+
 def compose_config(overrides=(), config_name: str = "train"):
     import tmem.config  # noqa: F401  registers the base configs the YAML files extend
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from conftest import quick_only
 from tmem.memory.chunked import chunked, intra_scores
 from tmem.memory.linear_state import recurrent
 
@@ -49,14 +50,14 @@ def value_and_grads(form, x, delta, **kw):
 
 
 # scalar-add, vector-delta and none-add (linear attention: no decay, no write strength) run every branch of
-# `chunked`; the other rows are their cross-products
+# `chunked`; the other rows are their cross-products. The quick subset runs one row per test.
 slow = pytest.mark.slow
 ROWS = [pytest.param("scalar", False, id="scalar-add"), pytest.param("vector", True, id="vector-delta"),
         pytest.param("none", False, id="none-add"), pytest.param("vector", False, id="vector-add", marks=slow),
         pytest.param("none", True, id="none-delta", marks=slow), pytest.param("scalar", True, id="scalar-delta", marks=slow)]
 
 
-@pytest.mark.parametrize("decay, delta", ROWS)
+@pytest.mark.parametrize("decay, delta", quick_only(ROWS, {"vector-delta"}))
 def test_chunked_equals_recurrent_outputs_state_and_gradients(decay, delta):
     T = 13  # a length no chunk size below divides but 1
     x = inputs(T, decay, delta)
@@ -76,7 +77,7 @@ def recurrent_read_at(*, read_at, **kw):
     return jnp.take_along_axis(o, read_at[:, :, None, None], axis=1), S
 
 
-@pytest.mark.parametrize("decay, delta", ROWS)
+@pytest.mark.parametrize("decay, delta", quick_only(ROWS, {"scalar-add"}))
 def test_an_empty_state_and_reads_at_positions_equal_the_definition(decay, delta):
     """The paths training takes: from no state (one chunk has no loop and reads no state) and a last layer
     that reads at a few positions (here unsorted, repeated, first and last), in one chunk and in several."""
@@ -93,6 +94,7 @@ def test_an_empty_state_and_reads_at_positions_equal_the_definition(decay, delta
                 assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name, kw)
 
 
+@slow  # 6 s; the quick subset continues from a state in test_continuing_from_a_state_equals_one_pass
 def test_reads_at_positions_continue_from_a_state():
     x = inputs(13, "vector", True)
     read_at = jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])
@@ -129,7 +131,7 @@ def test_vector_scores_in_sub_chunks_equal_per_channel_decays():
         assert rel_err(scores, want) <= TOL, sub
 
 
-@pytest.mark.parametrize("decay, form", [("scalar", chunked), ("vector", chunked),
+@pytest.mark.parametrize("decay, form", [pytest.param("scalar", chunked, marks=slow), ("vector", chunked),
                                          pytest.param("vector", recurrent, marks=slow)])
 def test_strong_decays_give_finite_gradients(decay, form):
     x = inputs(11, decay, True)

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, run_entry, wandb_run
+from conftest import ROOT, TINY, quick_only, run_entry, wandb_run
 
 
 def test_train_writes_everything_a_run_directory_holds(tmp_path):
@@ -77,18 +77,21 @@ def test_eval_writes_report_and_figure(tiny_run):
     assert (tiny_run / "eval" / "mqar_distance.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a second eval process; the quick subset's eval reads the latest step
 def test_eval_restores_any_checkpoint_step(tiny_run):
     done = run_entry("eval.py", f"run={tiny_run}", "step=10", "probes=[mqar_distance]", "logger=disabled")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tiny_run / "eval" / "report.json").read_text())["step"] == 10
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run={tmp}/nothing"], "error: run={tmp}/nothing: no such directory"),
-    (["run={tmp}"], "has no checkpoints/ folder"),
-    (["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance, "),
-    (["probes=[mqar_distance]"], "error: probe 'mqar_distance' needs a trained model: pass run=<run dir>"),
-])
+@pytest.mark.parametrize("args, message", quick_only([  # a process each: the quick subset keeps one
+    pytest.param(["run={tmp}/nothing"], "error: run={tmp}/nothing: no such directory", id="no-run"),
+    pytest.param(["run={tmp}"], "has no checkpoints/ folder", id="no-checkpoints"),
+    pytest.param(["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance, ",
+                 id="unknown-probe"),
+    pytest.param(["probes=[mqar_distance]"],
+                 "error: probe 'mqar_distance' needs a trained model: pass run=<run dir>", id="needs-a-run"),
+], {"unknown-probe"}))
 def test_eval_errors_are_one_line(tiny_run, tmp_path, args, message):
     fill = lambda s: s.format(tmp=tmp_path, run=tiny_run)  # noqa: E731
     done = run_entry("eval.py", *map(fill, args), *(["probes=[mqar_distance]"] if len(args) == 1 and

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import TINY, run_entry
+from conftest import TINY, quick_only, run_entry
 from tmem.config import ConfigError
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 
 ROWS = ("linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
 
 
-@pytest.mark.parametrize("row", ROWS)
+# the quick subset: a per-channel decay and a gated delta rule (tests/test_chunked.py runs every branch quick)
+@pytest.mark.parametrize("row", quick_only(ROWS, {"gla", "gated_deltanet"}))
 def test_every_row_is_causal_and_its_chunked_form_equals_its_recurrence(model_and_tokens, row):
     # chunk 5 does not divide T = 16; GLA's vector decay then keeps per-channel blocks of 5
     cfg, model, tokens = model_and_tokens(f"mixer={row}", "mixer.chunk=5")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import ROOT, compose_config
+from conftest import ROOT, compose_config, quick_only
 from tmem.config import validate
 from tmem.flops import feature_map_cost, step_flops
 from tmem.memory.features import feature_map
@@ -24,8 +24,9 @@ ROWS = sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml") if p.s
 # step_flops refuses them
 UNCOUNTED = {"mesa", "ttt_linear", "ttt_mlp", "titans"}
 FAST_WEIGHT = {row for row in ROWS if MIXERS[row].config is FastWeightConfig}
-# one row per family in the quick subset (gated DeltaNet: the delta rule, a decay, a gate); the rest are slow
-QUICK = {"softmax", "lsa", "none", "gated_deltanet"}
+# the quick subset counts a fast-weight row (gated DeltaNet: the delta rule, a decay, a gate) here and softmax with
+# every option below; the full suite every row
+QUICK = {"gated_deltanet"}
 
 # XLA fuses a cheap elementwise producer into every fusion that reads it (the SiLU after the short
 # convolution, the convolution's input gradient, a norm's statistics, a mask) and counts, and runs, each copy;
@@ -67,8 +68,7 @@ def loop_free(row: str) -> tuple[str, ...]:
     return (f"mixer={row}", "train.microbatch=null", *(["mixer.chunk=64"] if row in FAST_WEIGHT else []))
 
 
-@pytest.mark.parametrize("row", [r if r in QUICK else pytest.param(r, marks=pytest.mark.slow)
-                                 for r in ROWS if r not in UNCOUNTED])
+@pytest.mark.parametrize("row", quick_only([r for r in ROWS if r not in UNCOUNTED], QUICK))
 def test_the_count_of_a_loop_free_step_matches_xla(row):
     analytic, xla = step_flops(config(*loop_free(row)))["total"], xla_flops(*loop_free(row))
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{row}: analytic {analytic:.4g}, XLA {xla:.4g}"
@@ -90,7 +90,8 @@ OPTION_SETS = {
 }
 
 
-@pytest.mark.parametrize("options", OPTION_SETS.values(), ids=OPTION_SETS)
+@pytest.mark.parametrize("options", quick_only([pytest.param(o, id=name) for name, o in OPTION_SETS.items()],
+                                               {"gqa-window-sinks-gate-ssmax-l2-post"}))
 def test_the_count_of_the_softmax_options_matches_xla(options):
     overrides = (*loop_free("softmax"), *options)
     analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)

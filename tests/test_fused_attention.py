@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import quick_only
 from tmem.memory.softmax import fused_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 
@@ -50,7 +51,7 @@ def read_and_grads(implementation, options, rope=True):
     return y, jax.tree.leaves(g_params) + [g_x]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", quick_only(CASES, {"plain", "all"}))  # every option at once, and none
 def test_fused_path_equals_the_plain_path(case):
     y_plain, g_plain = read_and_grads("plain", CASES[case], rope=case != "window")
     y_fused, g_fused = read_and_grads("fused", CASES[case], rope=case != "window")
@@ -85,6 +86,7 @@ def test_the_fused_path_is_taken_and_steps_aside_where_it_cannot_serve(monkeypat
     assert layer("auto")._fused(None, None) is (jax.default_backend() != "cpu")
 
 
+@pytest.mark.slow  # 4 s; the quick subset continues softmax attention in tests/test_continuation.py
 def test_a_continuation_through_the_fused_layer_matches_the_whole_sequence():
     x = jax.random.normal(jax.random.key(1), (B, T, WIDTH))
     fused = layer("fused", kv_heads=2, window=5)

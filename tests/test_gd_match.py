@@ -64,6 +64,7 @@ def test_probe_on_the_constructed_layer_reports_exact_agreement(tiny_cfg, tmp_pa
         assert (tmp_path / f"{name}.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # 3 s; the quick subset matches a one-layer model
 def test_probe_compares_a_deeper_model_with_gd_plus_plus(tiny_cfg):
     cfg, _ = tiny_cfg("model.depth=2", "model.tie_blocks=true", base=TINY_LINREG)
     model, key = build_model(cfg, cfg.task), jax.random.key(3)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from conftest import quick_only
 from tmem.memory import gradient, ttt
 from tmem.memory.linear_state import recurrent as linear_recurrent
 
@@ -74,7 +75,7 @@ CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, st
 QUICK = {"ttt-linear-cut"}
 
 
-@pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)])
+@pytest.mark.parametrize("case", quick_only(sorted(CASES), QUICK))
 def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(case):
     spec, momentum, decay, mini_batch, start = CASES[case]
     inner = gradient.Inner(*spec)
@@ -91,6 +92,7 @@ def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(cas
         assert rel_err(a, b) <= 1e-5, jax.tree_util.keystr(path)
 
 
+@pytest.mark.slow  # 4 s; tests/test_ttt.py checks TTT-Linear's dual form against its definition in the quick subset
 def test_a_linear_memory_with_ttts_settings_is_ttt_linears_own_dual_form():
     inner = gradient.Inner("linear", bias=True, norm=True)
     x = inputs(inner, momentum=False, decay=False, mini_batch=4, start=3)

@@ -115,6 +115,7 @@ def test_classification_rejects_positional_duplicate_and_anti_copying_heads():
     assert roles["previous_token_heads"] == [[0, 1]]
 
 
+@pytest.mark.slow  # 8 s and a trained run; the quick subset probes the hand-built circuit
 def test_eval_frame_writes_the_induction_report_with_formation(tiny_repeat_run, tmp_path):
     from tmem.train.evaluate import evaluate
 
@@ -129,12 +130,11 @@ def test_eval_frame_writes_the_induction_report_with_formation(tiny_repeat_run, 
         assert (tmp_path / f"{name}.png").stat().st_size > 0
 
 
-def test_periods_that_do_not_fit_are_a_config_error(tiny_repeat_run):
+def test_periods_that_do_not_fit_are_a_config_error():
     from tmem.config import ConfigError
-    from tmem.train.restore import load_run
 
-    cfg, model, step, history = load_run(tiny_repeat_run)
-    inp = ProbeInput(cfg=cfg, model=model, step=step, key=jax.random.key(0), options={"periods": [4, 40]})
+    cfg, model = induction_model()  # T = 40: [BOS] + R + R fits periods up to 19
+    inp = ProbeInput(cfg=cfg, model=model, step=0, key=jax.random.key(0), options={"periods": [4, 40]})
     with pytest.raises(ConfigError, match="period 40"):
         PROBES["induction"].run(inp)
     inp.options = {"periods": [8]}

@@ -50,6 +50,7 @@ def test_closed_form_step_size_matches_the_search_and_the_published_loss():
         assert float(L.half_mse(L.token_gd(X, Y, xq, [e]), yq)) > loss
 
 
+@pytest.mark.slow  # 3 s: a fit of GD++'s gamma
 def test_gdpp_fit_beats_gd_and_finds_the_published_gamma():
     X, Y, xq, yq = parts(n=1024)
     eta = L.search_eta(X, Y, xq, yq, 2, 12.0)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, quick_only
 from tasks import TASKS
 from tasks.mad import macro_accuracy
 from tasks.mad_compression import Compression
@@ -187,7 +187,7 @@ SMALL = {
 TRAINED = {"mad_compression", "mad_memorization"}  # a head and a layout of their own; the rest share the LM's
 
 
-@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("name", quick_only(SMALL, set(SMALL) - {"mad_memorization"}))  # compression trains quick
 def test_each_config_composes_and_trains(name):
     """Two compiled steps for the tasks with their own head or layout; the others trace the step (a compile each
     costs seconds, and their examples are tested above)."""

@@ -48,7 +48,8 @@ def value_and_grads(form, x, **kw):
     return out, dict(zip(names, jax.tree.leaves(grads)))
 
 
-@pytest.mark.parametrize("solver, chunk, with_state", [("cg", 64, True), ("cg", 4, False), ("cholesky", 6, True)])
+@pytest.mark.parametrize("solver, chunk, with_state", [pytest.param("cg", 64, True, marks=pytest.mark.slow),
+                                                       ("cg", 4, False), ("cholesky", 6, True)])
 def test_the_training_form_equals_the_definition_outputs_state_and_gradients(solver, chunk, with_state):
     """CG with 3 d_k steps (d_k suffice in exact arithmetic) and the Cholesky solve against the token loop's
     exact solve: one chunk (the masked quadratic form, no loop) and chunks of 4 and 6 with the state passed."""
@@ -69,6 +70,7 @@ def test_a_few_cg_steps_are_not_the_solve():
     assert rel_err(o, o_ref) > 1e-3
 
 
+@pytest.mark.slow  # 4 s; the quick subset runs the training form against the definition
 def test_reads_at_positions_equal_the_definitions_rows():
     x = inputs()
     read_at = jnp.array([[0, 12, 5], [7, 7, 3]])

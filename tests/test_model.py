@@ -1,13 +1,12 @@
 """The LM: causality, read-out, intermediates, head masks, state continuation, hand-set weights."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from tmem.layers import MLPS
-from tmem.model import build_model, load_weights
+from tmem.model import load_weights
 
 
 @pytest.mark.parametrize("overrides", [(), ("model.positions=learned",), ("model.positions=none", "mlp=swiglu"),

@@ -3,6 +3,7 @@
 import csv
 import json
 
+import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_config
@@ -47,6 +48,7 @@ def test_gather_keeps_each_cells_best_run_and_writes_figure_and_csv(tmp_path):
     assert (tmp_path / "out" / "recall_curves.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a trained run (7 s when this worker has none yet); the quick subset gathers written ones
 def test_gather_reads_a_real_run_and_says_when_there_is_none(tiny_run, tmp_path, capsys):
     rows = recall_curves.gather([tiny_run])
     assert len(rows) == 1 and rows[0]["mixer"] == "softmax" and rows[0]["best"]

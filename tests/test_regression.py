@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from conftest import compose_config
+from conftest import compose_config, quick_only
 from tmem.config import ConfigError, validate
 from tmem.mixers import layer_of
 from tmem.mixers.regression import PRESETS
@@ -75,7 +75,7 @@ UNNAMED = {
 }
 
 
-@pytest.mark.parametrize("cell", [c if "linear" in c else pytest.param(c, marks=pytest.mark.slow) for c in sorted(UNNAMED)])
+@pytest.mark.parametrize("cell", quick_only(sorted(UNNAMED), {c for c in UNNAMED if "linear" in c}))
 def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
     overrides, family = UNNAMED[cell]
     cfg = mixer_of("mixer=regression", *overrides)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import quick_only
 from tmem.backbone import Block
 from tmem.config import ConfigError, MLPConfig
 from tmem.memory.softmax import logn_scale, softmax_read
@@ -161,7 +162,8 @@ def _split_calls(m, x, splits, read_at=None):
     return jnp.concatenate(outs, 1), states
 
 
-@pytest.mark.parametrize("name", ["window", "logn", "all"])  # all: kv heads, window, ssmax, sinks, gate, rms
+# all: kv heads, window, ssmax, sinks, gate, rms (the quick subset's case); window and logn alone in the full suite
+@pytest.mark.parametrize("name", quick_only(["window", "logn", "all"], {"all"}))
 def test_two_calls_equal_one_wherever_the_split(name):
     m, x = layer(rope=True, **OPTIONS[name]), inputs()
     full, _ = m(x)
@@ -174,6 +176,7 @@ def test_two_calls_equal_one_wherever_the_split(name):
             assert last.keys.shape[1] == m.cfg.window - 1
 
 
+@pytest.mark.slow  # 3 s: a continuation many times the window long
 def test_a_long_windowed_continuation_keeps_a_bounded_cache():
     m, x = layer(rope=True, window=3, kv_heads=2), inputs(length=24)
     full, _ = m(x)

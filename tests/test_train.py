@@ -146,6 +146,7 @@ def test_microbatched_gradient_equals_the_whole_batch(tiny_cfg):
     np.testing.assert_allclose(metrics["loss"], whole_metrics["loss"], rtol=1e-6)
 
 
+@pytest.mark.slow  # 4 s; evaluation's chunks are also run by every training test
 def test_chunked_eval_equals_one_pass(tiny_cfg):
     cfg, _ = tiny_cfg("task.heldout_size=50")
     graphdef, state = init_state(build_model(cfg, cfg.task), build_optimizer(cfg.optim, 10), 0)

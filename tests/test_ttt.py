@@ -46,7 +46,7 @@ def value_and_grads(form, x, **kw):
     return out, dict(zip(names, grads))
 
 
-@pytest.mark.parametrize("start", [0, 3])
+@pytest.mark.parametrize("start", [0, pytest.param(3, marks=pytest.mark.slow)])  # from zero quick; cut in the full
 def test_the_dual_form_equals_the_definition_outputs_state_and_gradients(start):
     """From the start of a mini-batch, and from a state cut 3 tokens into one (the continuation)."""
     x = inputs(start=start)

@@ -47,9 +47,10 @@ def test_tied_model_applies_one_block_depth_times(tiny_cfg):
 
 @pytest.mark.parametrize("overrides", [
     ("task.format=garg", "task.score=every", "mixer.layout=causal"),
-    ("mixer=softmax", "mixer.heads=1", "model.norm=layernorm"),  # the paper's softmax and LayerNorm variants
-    ("model.read_in=learned", "model.width=16", "mixer=softmax", "mixer.heads=2", "model.norm=layernorm",
-     "model.positions=learned", "task.format=garg"),  # a Garg-style model
+    pytest.param(("mixer=softmax", "mixer.heads=1", "model.norm=layernorm"),  # the paper's softmax and LayerNorm
+                 marks=pytest.mark.slow),
+    pytest.param(("model.read_in=learned", "model.width=16", "mixer=softmax", "mixer.heads=2", "model.norm=layernorm",
+                  "model.positions=learned", "task.format=garg"), marks=pytest.mark.slow),  # a Garg-style model
     ("model.read_in=auto", "model.width=16", "mixer=softmax", "mixer.heads=2", "model.positions=shortformer",
      "task.format=garg"),
 ])

@@ -231,7 +231,7 @@ class FastWeight(Mixer):
                  qk_positions=None):
         """The protocol's call (tmem.mixers.base.Mixer)."""
         del qk_positions  # validation rejects shortformer for these rows
-        cfg, (B, T, D), H = self.cfg, x_btd.shape, self.cfg.heads
+        cfg, (B, T, _), H = self.cfg, x_btd.shape, self.cfg.heads
         p = self.projections(x_btd)
         q, k, v = p["q"], p["k"], p["v"]
         tail = None
