@@ -18,7 +18,8 @@ M = d_k pairs. This probe puts the two sides next to each other on held-out sequ
 
 Keys are read through the `keys` intermediate each matrix row sows (a no-op outside `nnx.capture`), so
 the layers' math is not repeated here. Layers whose state is no matrix (softmax's and Hopfield's caches, an
-MLP memory, no mixer) are reported as such.
+MLP memory, no mixer) are reported as such. `key_cosines_figure` shows one sequence's stored keys' cosines
+(notebooks/mqar_memory.py).
 """
 
 from __future__ import annotations
@@ -71,14 +72,19 @@ def rank_at(s: np.ndarray, fraction: float = 0.9) -> np.ndarray:
     return np.where(total[..., 0] > 0, np.argmax(reached, axis=-1) + 1, 0)
 
 
-def mean_squared_cosine(keys: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
-    """Mean cos^2 between keys [..., n, d] over the pairs i != j with different labels [n] (every pair i != j
-    when labels is None): the off-diagonal of the keys' cosine Gram matrix. A zero key has cosine 0 with all."""
+def cosine_gram(keys: np.ndarray) -> np.ndarray:
+    """The cosines between keys [..., n, d], [..., n, n]; a zero key has cosine 0 with all (itself included)."""
     keys = np.asarray(keys, np.float64)
     norm = np.linalg.norm(keys, axis=-1, keepdims=True)
     unit = np.divide(keys, norm, out=np.zeros_like(keys), where=norm > 0)
-    gram = unit @ np.swapaxes(unit, -1, -2)
-    n = keys.shape[-2]
+    return unit @ np.swapaxes(unit, -1, -2)
+
+
+def mean_squared_cosine(keys: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
+    """Mean cos^2 between keys [..., n, d] over the pairs i != j with different labels [n] (every pair i != j
+    when labels is None): the off-diagonal of the keys' cosine Gram matrix. A zero key has cosine 0 with all."""
+    gram = cosine_gram(keys)
+    n = gram.shape[-1]
     labels = np.arange(n) if labels is None else np.asarray(labels)
     pairs = labels[:, None] != labels[None, :]
     return np.square(gram)[..., pairs].mean(-1)
@@ -191,7 +197,8 @@ def memory_state(model, inputs, task, chunk: int = 128) -> dict:
             "definitions": DEFINITIONS, "layers": layers}
 
 
-def _spectra_figure(rows: dict, pairs: int):
+def spectra_figure(rows: dict, pairs: int):
+    """Each matrix layer's mean singular values per head (`memory_state`'s report), normalised to the largest."""
     from matplotlib.figure import Figure
 
     matrices = {i: r for i, r in rows["layers"].items() if r["matrix_state"]}
@@ -234,13 +241,42 @@ def _interference_figure(rows: dict):
     return fig
 
 
+def key_cosines_figure(keys: list, task, example: int = 0):
+    """One sequence's keys as its matrix layers wrote them over the context: their cosines, per layer and head.
+
+    `keys` is `written`'s list ([B, T, H, d_k] per block application, None for a row that sows none). Reading
+    a sum of outer products with the key of pair j returns v_j plus every other stored value weighted by its
+    key's overlap with k_j (note, Chapter 3): the off-diagonal here is that crosstalk for the add rule, and
+    what the delta rule corrects as it writes. Both the key and the value tokens are shown, since a short
+    convolution can write a pair at its value token.
+    """
+    from matplotlib.figure import Figure
+
+    context = 2 * task.num_kv_pairs * task.num_passes
+    labels = [f"{'KV'[t % 2]}{t // 2 % task.num_kv_pairs + 1}" for t in range(context)]
+    layers = [(i, np.moveaxis(np.asarray(k)[example, :context], 1, 0)) for i, k in enumerate(keys) if k is not None]
+    heads = layers[0][1].shape[0]
+    fig = Figure(figsize=(2.4 * heads + 0.8, 2.4 * len(layers) + 0.4), layout="constrained")
+    axes = fig.subplots(len(layers), heads, squeeze=False)
+    for row, (i, k) in zip(axes, layers):
+        gram = cosine_gram(k)  # [H, C, C]
+        for h, ax in enumerate(row):
+            image = ax.imshow(gram[h], cmap="RdBu", vmin=-1, vmax=1)
+            ax.set_xticks(range(context), labels, fontsize=5, rotation=90)
+            ax.set_yticks(range(context), labels, fontsize=5)
+            ax.set_title(f"layer {i} head {h}", fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="cosine")
+    fig.suptitle("cosines of the keys written over one context (K: key tokens, V: value tokens)", fontsize=9)
+    return fig
+
+
 def run(inp: ProbeInput):
     o = {**DEFAULTS, **inp.options}
     batch = heldout(inp.cfg.task)
     rows = memory_state(inp.model, batch.inputs[:o["sequences"]], inp.cfg.task, chunk=o["chunk"])
     if not any(r["matrix_state"] for r in rows["layers"].values()):
         return rows, {}
-    figures = {"memory_state_spectra": _spectra_figure(rows, inp.cfg.task.num_kv_pairs)}
+    figures = {"memory_state_spectra": spectra_figure(rows, inp.cfg.task.num_kv_pairs)}
     if any("key_interference" in r for r in rows["layers"].values()):
         figures["memory_state_interference"] = _interference_figure(rows)
     return rows, figures

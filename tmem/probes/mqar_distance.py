@@ -2,7 +2,8 @@
 
 Zoology's power-law query placement makes most queries near their keys; this
 probe shows whether recall holds up for the far ones, where a model with a
-short effective memory fails first.
+short effective memory fails first. `query_attention_figure` shows where one
+sequence's queries read (notebooks/mqar_memory.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def recall_by_distance(model, batch, chunk: int = 500) -> dict[str, list]:
     return rows
 
 
-def _figure(rows):
+def distance_figure(rows):
+    """Accuracy per distance bin (`recall_by_distance`'s rows), each point labelled with its query count."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5, 3.2))
@@ -55,9 +57,43 @@ def _figure(rows):
     return fig
 
 
+def query_attention_figure(A, positions, distance):
+    """One MQAR sequence's attention from each query over the whole sequence, per layer and head.
+
+    A: [depth, H, T, S] attention weights of the sequence (`heads.forward_with_attention`, one example);
+    positions, distance: its queries' positions and distances back to their keys (the batch's `positions`
+    and `meta["distance"]`). Rows are the queries in order of position; o marks each query's key and x the
+    value after it, the two places a recall can read from.
+    """
+    from matplotlib.figure import Figure
+
+    A = np.asarray(A)
+    depth, heads = A.shape[:2]
+    order = np.argsort(np.asarray(positions))
+    query = np.asarray(positions)[order]
+    key = query - np.asarray(distance)[order]
+    rows = np.arange(len(query))
+    fig = Figure(figsize=(3.0 * heads + 0.6, (1.0 + 0.25 * len(query)) * depth + 0.5), layout="constrained")
+    axes = fig.subplots(depth, heads, squeeze=False)
+    for layer in range(depth):
+        for h in range(heads):
+            ax = axes[layer, h]
+            ax.imshow(A[layer, h][query], cmap="viridis", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+            ax.scatter(key, rows, marker="o", s=20, facecolors="none", edgecolors="red", label="its key")
+            ax.scatter(key + 1, rows, marker="x", s=14, color="red", label="its value")
+            ax.set_yticks(rows, query, fontsize=6)
+            ax.tick_params(labelsize=6)
+            ax.set_title(f"L{layer}H{h}", fontsize=8)
+    axes[-1, 0].set_xlabel("key position", fontsize=8)
+    axes[0, 0].set_ylabel("query position", fontsize=8)
+    axes[0, -1].legend(fontsize=6, loc="upper right")
+    fig.suptitle("attention from each query of one held-out sequence", fontsize=9)
+    return fig
+
+
 def run(inp: ProbeInput):
     rows = recall_by_distance(inp.model, heldout(inp.cfg.task))
-    return rows, {"mqar_distance": _figure(rows)}
+    return rows, {"mqar_distance": distance_figure(rows)}
 
 
 probe = Probe(
