@@ -1,4 +1,5 @@
-"""The capacity probe through the eval frame: a report entry per store, a figure; the table at d_k = 64."""
+"""The capacity probe through the eval frame: a report entry per store (the written ones with their knobs and
+ends), a figure; the table at d_k = 64."""
 
 import json
 
@@ -25,6 +26,28 @@ def test_probe_reports_each_store_beside_theory_without_a_run(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["capacity"]["hebbian"]["capacity"] > 0
 
 
+def test_probe_measures_the_written_stores_with_their_knobs_and_ends(tmp_path):
+    options = {"capacity": {"d_k": 8, "stores": ["hebbian", "delta", "rls", "decayed"], "queries": 256}}
+    report = evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"), options=options)
+    table = report["capacity"]
+    delta, rls, decayed = table["delta"], table["rls"], table["decayed"]
+    assert delta["theory"] is None and delta["relative_error"] is None and delta["beta"] == 1.0
+    assert delta["ages"]["newest"] < 1e-3 < delta["ages"]["oldest"]  # the newest pair is stored exactly
+    assert rls["ridge"] == 1e-3 and rls["theory"] == 14 and rls["formula"] == 16
+    assert rls["capacity"] == pytest.approx(rls["theory"], rel=0.2)
+    assert decayed["gamma"] == 1 - 1 / 8 and decayed["horizon"] > 0
+    assert decayed["capacity"] == pytest.approx(decayed["theory"], rel=0.15) and decayed["theory"] < 9
+    ages = decayed["ages"]
+    assert ages["oldest"] == pytest.approx(ages["oldest_theory"], rel=0.2)
+    assert (tmp_path / "capacity.png").stat().st_size > 0
+
+
+def test_a_knob_outside_its_range_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="options.capacity.gamma: decayed: gamma=1.5"):
+        evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
+                 options={"capacity": {"stores": ["decayed"], "gamma": 1.5}})
+
+
 def test_unknown_store_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown.*allowed: hebbian"):
         evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
@@ -38,8 +61,10 @@ def test_the_table_at_d_k_64_is_within_ten_percent_of_the_exact_moment_forms(tmp
     assert done.returncode == 0, done.stderr[-3000:]
     table = json.loads((tmp_path / "report.json").read_text())["capacity"]
     assert table["d_k"] == 64
-    for store in ("hebbian", "lstsq", "relu", "relu2", "relu3"):
+    for store in ("hebbian", "lstsq", "relu", "relu2", "relu3", "rls", "decayed"):
         assert abs(table[store]["capacity"] / table[store]["theory"] - 1) < 0.1, (store, table[store])
+    delta = table["delta"]  # no theory; its newest pair is exact, and it holds fewer than Hebbian's d_k + 1
+    assert delta["theory"] is None and delta["ages"]["newest"] < 1e-3 and delta["capacity"] < 0.9 * 65
     trend = table["softmax"]["trend"]
     assert [e["beta"] for e in trend] == sorted(e["beta"] for e in trend)
     for e in trend:

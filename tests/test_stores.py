@@ -1,4 +1,4 @@
-"""The writes' exact cases: orthonormal keys, least squares below d_k, delta, RLS, the rank-one edit."""
+"""The writes' exact cases: orthonormal keys, least squares below d_k, delta, RLS, decay, the rank-one edit."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tmem.memory.reads import linear_read
-from tmem.memory.stores import (add_write, delta_write, delta_writes, hebbian_write, lstsq_write, rank_one_edit,
-                                rls_init, rls_writes)
+from tmem.memory.stores import (add_write, decayed_writes, delta_write, delta_writes, hebbian_write, lstsq_write,
+                                rank_one_edit, rls_init, rls_writes)
 
 
 def random(shape, seed=0):
@@ -76,6 +76,18 @@ def test_recursive_least_squares_equals_the_batch_ridge_store():
     S, R = rls_writes(rls_init(5, 3, ridge), K, V)
     np.testing.assert_allclose(S, lstsq_write(K, V, ridge=ridge), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(R, np.linalg.inv(np.asarray(K.T @ K) + ridge * np.eye(5)), rtol=1e-4, atol=1e-6)
+
+
+def test_decayed_writes_are_the_hebbian_store_of_keys_scaled_by_gamma_to_their_age():
+    K, V, gamma = random((7, 5)), random((7, 3), 1), 0.8
+    age = jnp.arange(6, -1, -1)  # the last pair written has age 0
+    want = hebbian_write(K * gamma ** age[:, None], V)
+    np.testing.assert_allclose(decayed_writes(jnp.zeros((5, 3)), K, V, gamma), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(decayed_writes(jnp.zeros((5, 3)), K, V, 1.0), hebbian_write(K, V), rtol=1e-5, atol=1e-6)
+    gates = jnp.linspace(0.5, 1.0, 7)  # one gate per write: pair i keeps the product of the later gates
+    kept = jnp.array([jnp.prod(gates[i + 1:]) for i in range(7)])
+    np.testing.assert_allclose(decayed_writes(jnp.zeros((5, 3)), K, V, gates), hebbian_write(K * kept[:, None], V),
+                               rtol=1e-5, atol=1e-6)
 
 
 def _edit_setup(d=6, seed=0):

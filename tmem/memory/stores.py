@@ -1,4 +1,4 @@
-"""Writes of a matrix memory (Chapters 3, 4 and 14): add, least squares, delta, RLS, edit.
+"""Writes of a matrix memory (Chapters 3, 4, 10 and 14): add, decay, least squares, delta, RLS, edit.
 
 The state is key-major, S in R^{d_k x d_v}, read o = S^T q: the transpose of
 the note's W = V^T K (S = W^T), the layout of the mixers (anchors/mixers.md).
@@ -9,6 +9,8 @@ The writes form one ladder. Hebbian adds v k^T; every later rung is a
 *corrective* write S + u (v - S^T k)^T that adds the prediction error along a
 write direction u: the delta rule (u = beta k), recursive least squares
 (u = R k / (1 + k^T R k)) and the rank-one edit (u = C^-1 k / k^T C^-1 k).
+The decayed write is beside the ladder: it shrinks the whole of S before it
+adds, so it forgets old pairs instead of correcting them (Chapter 10).
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ def hebbian_write(K: jax.Array, V: jax.Array) -> jax.Array:
 def add_write(S: jax.Array, k: jax.Array, v: jax.Array, beta=1.0) -> jax.Array:
     """One Hebbian write, S + beta k v^T (the linear-attention update)."""
     return S + beta * jnp.outer(k, v)
+
+
+def decayed_writes(S: jax.Array, K: jax.Array, V: jax.Array, gamma) -> jax.Array:
+    """Decayed writes of the pairs in order, S <- gamma S + k v^T (Chapter 10's decay row).
+
+    gamma is a scalar or one per pair [M] (a data-dependent gate). With a fixed
+    gamma (RetNet's decay), M writes to S = 0 give sum_i gamma^(M-i) k_i v_i^T: the
+    Hebbian store of the keys scaled by gamma^age, so old pairs fade instead of
+    being corrected.
+    """
+    gamma = jnp.broadcast_to(jnp.asarray(gamma, S.dtype), K.shape[:1])
+
+    def step(S, kvg):
+        k, v, g = kvg
+        return add_write(g * S, k, v), None
+
+    return jax.lax.scan(step, S, (K, V, gamma))[0]
 
 
 def lstsq_write(K: jax.Array, V: jax.Array, ridge: float = 0.0) -> jax.Array:
