@@ -9,42 +9,27 @@ pairs, held out as training's set is (its own seed, never a training key).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 from flax import nnx
 
 from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
+from tmem.train.step import make_eval
 
-CHUNK = 100  # examples per forward pass: the training loop's held-out chunk, so the weighting matches
+CHUNK = 100  # examples per forward pass: the training loop's held-out chunk
 
 
 def heldout_metrics(model, task, chunk: int = CHUNK) -> dict[str, float]:
     """Whatever `task.loss` returns on the held-out set, as means over the scored positions.
 
-    Each chunk's metrics are weighted by its scored positions (the mask's sum),
-    the rule training's held-out evaluation uses, so a task whose metric is not
-    a plain mean (MAD's class-macro accuracy) reads here as it did in training.
+    Training's own evaluation (`make_eval`): chunks weighted by their scored
+    positions, so a task whose metric is not a plain mean (MAD's class-macro
+    accuracy) reads here as it did in training.
     """
-    graphdef, state = nnx.split(model)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     batch = jax.jit(heldout, static_argnums=0)(task)  # sampled as training samples it, compiled
-    n = batch.inputs.shape[0]
-    sums, total = {}, 0.0
-    for i in range(0, n, chunk):
-        part = jax.tree.map(lambda x: x[i:i + chunk] if x.ndim and x.shape[0] == n else x, batch)
-        metrics, weight = jax.device_get(_chunk_metrics(graphdef, task, state, part))
-        for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + float(value) * float(weight)
-        total += float(weight)
-    return {name: value / max(total, 1.0) for name, value in sums.items()}
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _chunk_metrics(graphdef, task, state, batch):
-    """One chunk's metrics and weight; compiled once per model structure, task and chunk shape."""
-    outputs = nnx.merge(graphdef, state)(batch.inputs, positions=batch.positions)
-    return task.loss(outputs, batch)[1], batch.mask.sum()
+    metrics = jax.jit(make_eval(graphdef, task, chunk))(params, rest, batch)
+    return {name: float(value) for name, value in metrics.items()}
 
 
 def run(inp: ProbeInput):
