@@ -1,11 +1,12 @@
-"""Shared layers: the short causal convolution and its written-out backward."""
+"""Shared layers: the short causal convolution and its written-out backwards."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
-from tmem.layers import ShortConv, causal_conv
+from tmem.layers import ShortConv, causal_conv, causal_conv_silu
 
 
 def test_short_conv_is_a_causal_depthwise_filter_that_continues():
@@ -33,3 +34,22 @@ def test_causal_conv_gradients_equal_those_of_its_definition():
     got = jax.vjp(causal_conv, padded, w)[1](g)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _definition(padded, w, bias=None):
+    y = sum(padded[:, i:i + 9] * w[i][None, None] for i in range(4))
+    return jax.nn.silu(y if bias is None else y + bias[None, None])
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_the_filter_with_its_silu_equals_its_definition_values_and_gradients(bias):
+    padded, w, g, b = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                       enumerate([(2, 12, 5), (4, 5), (2, 9, 5), (5,)]))
+    args = (padded, w, b if bias else None)
+    want_y, want_vjp = jax.vjp(_definition, *args)
+    got_y, got_vjp = jax.vjp(causal_conv_silu, *args)
+    np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
+    for a, c in zip(got_vjp(g), want_vjp(g)):
+        assert (a is None) == (c is None)
+        if a is not None:
+            np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)

@@ -86,6 +86,11 @@ def _causal_conv_fwd(padded, w):
 
 def _causal_conv_bwd(residuals, g):
     padded, w = residuals
+    return _conv_transpose(padded, w, g)
+
+
+def _conv_transpose(padded, w, g):
+    """The input and kernel gradients of causal_conv for the output gradient g."""
     K, T = w.shape[0], g.shape[1]
     g_padded = jnp.pad(g, ((0, 0), (K - 1, K - 1), (0, 0)))  # input s feeds outputs s-K+1 .. s
     d_padded = sum(g_padded[:, K - 1 - i:K - 1 - i + padded.shape[1]] * w[i][None, None] for i in range(K))
@@ -98,6 +103,41 @@ def _causal_conv_bwd(residuals, g):
 
 
 causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
+
+
+@jax.custom_vjp
+def causal_conv_silu(padded: jax.Array, w: jax.Array, bias: jax.Array | None) -> jax.Array:
+    """silu(causal_conv(padded, w) + bias), bias [C] or None: the fast-weight rows' filter and its activation.
+
+    One backward for both: the gradient at the filter's output is made once and
+    kept whole, so that XLA does not copy the activation's derivative into each
+    of the filter's K taps and into the kernel gradient's products (inside a CPU
+    training step that duplicated work cost more than the filter itself).
+    """
+    return jax.nn.silu(_biased_conv(padded, w, bias))
+
+
+def _biased_conv(padded, w, bias):
+    y = causal_conv(padded, w)
+    return y if bias is None else y + bias[None, None]
+
+
+def _causal_conv_silu_fwd(padded, w, bias):
+    y = _biased_conv(padded, w, bias)
+    return jax.nn.silu(y), (padded, w, y, bias)
+
+
+def _causal_conv_silu_bwd(residuals, d_out):
+    padded, w, y, bias = residuals
+    s = jax.nn.sigmoid(y)
+    g = jax.lax.optimization_barrier(d_out * s * (1 + y * (1 - s)))
+    d_padded, d_w = _conv_transpose(padded, w, g)
+    B, T, C = g.shape
+    d_bias = (jnp.ones((1, B * T), g.dtype) @ g.reshape(B * T, C))[0] if bias is not None else None
+    return d_padded, d_w, d_bias
+
+
+causal_conv_silu.defvjp(_causal_conv_silu_fwd, _causal_conv_silu_bwd)
 
 
 @jax.custom_vjp
@@ -141,18 +181,20 @@ class ShortConv(nnx.Module):
         return short_conv(x_btc, self.kernel[...], tail, bias)
 
 
-def short_conv(x_btc: jax.Array, kernel: jax.Array, tail: jax.Array | None = None, bias: jax.Array | None = None
-               ) -> tuple[jax.Array, jax.Array]:
-    """ShortConv's filter as a function of its kernel [K, C]: layers that keep several filters run them as one,
-    their kernels side by side, so the channels of all of them pass through one program."""
+def short_conv(x_btc: jax.Array, kernel: jax.Array, tail: jax.Array | None = None, bias: jax.Array | None = None,
+               *, silu: bool = False) -> tuple[jax.Array, jax.Array]:
+    """ShortConv's filter as a function of its kernel [K, C], with a SiLU after it if asked: layers that keep
+    several filters run them as one, their kernels side by side, so the channels of all of them pass through one
+    program."""
     B, T, C = x_btc.shape
     K = kernel.shape[0]
     if tail is None:  # a pad, which XLA fuses into its consumers, where a concatenation with zeros is a copy
         padded = jnp.pad(x_btc, ((0, 0), (K - 1, 0), (0, 0)))
     else:
         padded = jnp.concatenate([tail.astype(x_btc.dtype), x_btc], axis=1)
+    if silu:
+        return causal_conv_silu(padded, kernel, bias), padded[:, T:]
     y = causal_conv(padded, kernel)
     if bias is not None:  # kept whole: left to fuse, XLA copies the add and the SiLU after it into every consumer
         y = jax.lax.optimization_barrier(y + bias[None, None])
     return y, padded[:, T:]
-

@@ -240,8 +240,8 @@ class FastWeight(Mixer):
             kernel = jnp.concatenate([c.kernel[...] for c in convs], axis=1)
             bias = jnp.concatenate([c.bias[...] for c in convs]) if cfg.conv_bias else None
             qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv,
-                                   bias)
-            q, k, v = jnp.split(jax.nn.silu(qkv), [q.shape[-1], q.shape[-1] + k.shape[-1]], axis=-1)
+                                   bias, silu=True)
+            q, k, v = jnp.split(qkv, [q.shape[-1], q.shape[-1] + k.shape[-1]], axis=-1)
         q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu) for y in (q, k))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":

@@ -103,8 +103,9 @@ class Mesa(Mixer):
         tail = None
         if cfg.short_conv:  # the two filters as one, over q and k side by side
             kernel = jnp.concatenate([self.conv_q.kernel[...], self.conv_k.kernel[...]], axis=1)
-            qk, tail = short_conv(jnp.concatenate([q, k], -1), kernel, None if state is None else state.conv)
-            q, k = jnp.split(jax.nn.silu(qk), 2, axis=-1)
+            qk, tail = short_conv(jnp.concatenate([q, k], -1), kernel, None if state is None else state.conv,
+                                  silu=True)
+            q, k = jnp.split(qk, 2, axis=-1)
         q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
         self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the unit keys written into H and G
         v = v.reshape(B, T, H, self.d)

@@ -143,8 +143,9 @@ class Titans(Mixer):
         tail = None
         if cfg.short_conv:  # the three filters as one, over q, k and v side by side
             kernel = jnp.concatenate([c.kernel[...] for c in (self.conv_q, self.conv_k, self.conv_v)], axis=1)
-            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv)
-            q, k, v = jnp.split(jax.nn.silu(qkv), 3, axis=-1)
+            qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv,
+                                   silu=True)
+            q, k, v = jnp.split(qkv, 3, axis=-1)
         q, k = (l2_normalize(y.reshape(B, T, H, self.d)) for y in (q, k))
         self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the unit keys the memory is trained on
         v = v.reshape(B, T, H, self.d)
