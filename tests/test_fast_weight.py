@@ -124,14 +124,22 @@ def test_deltanet_learns_recall_on_the_default_mqar_job(tmp_path):
 
 
 def test_written_out_norms_equal_their_definitions():
-    """The layer's RMSNorm equals nnx.RMSNorm's, and the L2 normalisation's written-out backward equals autodiff's."""
+    """The layer's RMSNorm equals nnx.RMSNorm's in values and gradients, and the L2 normalisation's written-out backward equals autodiff's."""
     from tmem.layers import l2_normalize as _l2_normalize
-    from tmem.mixers.fast_weight import _rms_norm
+    from tmem.layers import rms_norm
     x, dy, scale = (jax.random.normal(jax.random.key(i), shape) for i, shape in
                     enumerate([(2, 5, 3, 8), (2, 5, 3, 8), (8,)]))
     norm = nnx.RMSNorm(8, epsilon=1e-5, rngs=nnx.Rngs(0))
     norm.scale[...] = scale
-    np.testing.assert_allclose(_rms_norm(x, scale, 1e-5), norm(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rms_norm(x, scale, 1e-5), norm(x), rtol=1e-5, atol=1e-6)
+
+    def rms_definition(x, scale):  # nnx.RMSNorm's value, differentiated by autodiff
+        return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-5) * scale[None, None, None]
+
+    np.testing.assert_allclose(rms_definition(x, scale), norm(x), rtol=1e-5, atol=1e-6)
+    got, want = (jax.vjp(f, x, scale)[1](dy) for f in (lambda x, s: rms_norm(x, s, 1e-5), rms_definition))
+    for a, b in zip(got, want):  # the input's and the scale's gradients
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     definition = lambda x: x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)  # noqa: E731
     (got,), (want,) = (jax.vjp(f, x)[1](dy) for f in (_l2_normalize, definition))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

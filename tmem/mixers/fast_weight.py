@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv, l2_normalize, short_conv
+from tmem.layers import ShortConv, l2_normalize, rms_norm, short_conv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
@@ -142,13 +142,6 @@ def _inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
 
 
-def _rms_norm(x, scale, epsilon):
-    """x / sqrt(mean(x^2) + epsilon) * scale over the last axis. nnx.RMSNorm computes the same through its
-    general mean-and-variance path, which inside a CPU training step cost several times more."""
-    scale = scale.reshape((1,) * (x.ndim - 1) + scale.shape)
-    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + epsilon) * scale
-
-
 class FastWeight(Mixer):
     """A fast-weight memory layer: project, write every token into the state, read it with the queries.
 
@@ -191,9 +184,9 @@ class FastWeight(Mixer):
     def output_norm(self, o_bthd):
         """RMSNorm of the read [B, T, H, d_v], over each head's d_v or over all H d_v at once."""
         if self.cfg.output_norm_over == "head":
-            return _rms_norm(o_bthd, self.norm.scale[...], self.norm.epsilon)
+            return rms_norm(o_bthd, self.norm.scale[...], self.norm.epsilon)
         shape = o_bthd.shape
-        return _rms_norm(o_bthd.reshape(shape[:2] + (-1,)), self.norm.scale[...], self.norm.epsilon).reshape(shape)
+        return rms_norm(o_bthd.reshape(shape[:2] + (-1,)), self.norm.scale[...], self.norm.epsilon).reshape(shape)
 
     def projections(self, x_btd) -> dict[str, jax.Array]:
         """Every map that reads x (q, k, v and the gate, strength and decay inputs) as one matmul.
@@ -247,7 +240,7 @@ class FastWeight(Mixer):
         if cfg.qk_norm == "l2":
             q, k = l2_normalize(q), l2_normalize(k)
         elif cfg.qk_norm == "rms":
-            q, k = (_rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
+            q, k = (rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
         if cfg.groups != H:  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
             q, k = (jnp.repeat(y, H // cfg.groups, axis=2) for y in (q, k))
         # the keys as the state receives them [B, T, H, d_phi]; a no-op outside nnx.capture (memory_state probe)
@@ -271,7 +264,7 @@ class FastWeight(Mixer):
             gate = GATE_ACTIVATIONS[cfg.gate_activation](at_positions(p["gate"], read_at)).reshape(o.shape)
             if cfg.gate_before_norm:
                 o = o * gate
-        if cfg.output_norm:  # nnx.RMSNorm's math (its scale, its epsilon), written out: see _rms_norm
+        if cfg.output_norm:  # nnx.RMSNorm's math (its scale, its epsilon), written out: see rms_norm
             o = self.output_norm(o)
         if gate is not None and not cfg.gate_before_norm:
             o = o * gate
