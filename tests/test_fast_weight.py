@@ -124,7 +124,8 @@ def test_deltanet_learns_recall_on_the_default_mqar_job(tmp_path):
 
 
 def test_written_out_norms_equal_their_definitions():
-    """The layer's RMSNorm equals nnx.RMSNorm's in values and gradients, and the L2 normalisation's written-out backward equals autodiff's."""
+    """The layer's RMSNorm equals nnx.RMSNorm's in values and gradients, and the L2 normalisation's written-out
+    backward equals autodiff's."""
     from tmem.layers import l2_normalize as _l2_normalize
     from tmem.layers import rms_norm
     x, dy, scale = (jax.random.normal(jax.random.key(i), shape) for i, shape in
