@@ -186,8 +186,7 @@ def _rms_norm_bwd(epsilon, residuals, dy):
     x_hat, r, scale = residuals
     g = jax.lax.optimization_barrier(dy * scale.reshape((1,) * (dy.ndim - 1) + scale.shape))
     dx = r * (g - x_hat * jnp.mean(x_hat * g, axis=-1, keepdims=True))
-    rows = (dy * x_hat).reshape(-1, dy.shape[-1])  # the scale's sum over every row, as a matmul with ones
-    return dx, (jnp.ones((1, rows.shape[0]), dy.dtype) @ rows)[0]
+    return dx, jnp.sum((dy * x_hat).reshape(-1, dy.shape[-1]), axis=0)
 
 
 rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
