@@ -165,7 +165,7 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     # every matmul has its batch axes first (with the matmul cumsum below: linear row 212 -> 147 ms, BENCHMARKS.md)
     def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]; padding writes nothing (k = v = beta = 0, g = 0)
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(B, N, chunk, H, *x.shape[3:])
+        x = x.reshape(x.shape[0], N, chunk, H, *x.shape[3:])  # a decay shared by the batch keeps its axis of 1
         return jnp.moveaxis(x, (1, 3), (0, 2))
 
     q_read = None if read_at is None else jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
@@ -232,7 +232,7 @@ def _read_at(q, k, u, b, S_in, read_at, chunk: int, precision=None):
     one = k.shape[0] == 1  # every read is in the only chunk: its keys serve all reads, and nothing is gathered
 
     def chunk_of(x):  # the read's chunk: [B, Q, H, C, ...], or [B, 1, H, C, ...] shared by the reads
-        return x[0][:, None] if one else x[n, rows]
+        return x[0][:, None] if one else x[n, rows if x.shape[1] > 1 else 0]  # a shared decay: its one example
 
     r = "x" if one else "q"  # the axis chunk_of leaves for the reads
     k_n, u_n = chunk_of(k), chunk_of(u)

@@ -20,7 +20,8 @@ delta and KDA); for a scalar a_t it is the same as the note's
 S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, transposed.
 
 Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
-log_a None or [B, T, H, 1] (a scalar per head) or [B, T, H, d_k] (a vector),
+log_a None or [B, T, H, 1] (a scalar per head) or [B, T, H, d_k] (a vector), or
+[1, T, H, ...] for a decay every example shares (RetNet's: its factors are made once, not per example),
 beta None or [B, T, H], state None or [B, H, d_k, d_v]. The math runs in float32;
 `precision` is that of every matmul (None: the backend's default, which is TF32
 on recent GPUs; the oracle tests pass jax.lax.Precision.HIGHEST).
@@ -50,8 +51,8 @@ def prepare(q, k, v, log_a, beta, state):
     log_a = jnp.zeros((B, T, H, 1), jnp.float32) if log_a is None else f32(log_a)
     beta = jnp.ones((B, T, H), jnp.float32) if beta is None else f32(beta)
     state = jnp.zeros((B, H, dk, dv), jnp.float32) if state is None else f32(state)
-    if log_a.shape[-1] not in (1, dk) or log_a.shape[:-1] != (B, T, H):
-        raise ValueError(f"log_a must be [B, T, H, 1] or [B, T, H, d_k], got {log_a.shape}")
+    if log_a.shape[-1] not in (1, dk) or log_a.shape[0] not in (1, B) or log_a.shape[1:-1] != (T, H):
+        raise ValueError(f"log_a must be [B or 1, T, H, 1] or [B or 1, T, H, d_k], got {log_a.shape}")
     return f32(q), f32(k), f32(v), log_a, beta, state
 
 

@@ -207,7 +207,7 @@ class FastWeight(Mixer):
         B, T, _ = p["q"].shape
         log_a = beta = None
         if cfg.decay == "fixed":  # RetNet: gamma_h = 1 - 2^(-5-h), not learned
-            log_a = jnp.broadcast_to(retnet_log_decay(H)[:, None], (B, T, H, 1))
+            log_a = jnp.broadcast_to(retnet_log_decay(H)[:, None], (1, T, H, 1))  # shared by the batch
         elif cfg.decay == "scalar":
             dt = jax.nn.softplus(p["dt"] + self.dt_bias[...][None, None])
             log_a = (-jnp.exp(self.A_log[...])[None, None] * dt)[..., None]
