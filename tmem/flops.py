@@ -5,7 +5,10 @@ once, so it undercounts any step with a loop in it: the microbatches of
 `tmem.train.step.make_gradients` (a `lax.map`: the default 64 examples in 2
 slices of 32 report half the work), the scan over chunks of
 `tmem.memory.chunked` and the scan over tokens of the recurrent form
-(`tmem.memory.linear_state.recurrent`, mixer.form=recurrent).
+(`tmem.memory.linear_state.recurrent`, mixer.form=recurrent), mesa's
+conjugate-gradient steps (`tmem.memory.mesa.cg_solve`, forward and backward)
+and the scans over mini-batches of TTT (`tmem.memory.ttt.dual`) and Titans
+(`tmem.memory.gradient.parallel`).
 `step_flops(cfg)` counts what the step computes, part by part, by reading the
 same shapes the code makes.
 
@@ -34,6 +37,10 @@ cheap producer into several consumers, which it then counts (and runs) once
 per consumer: the short convolution's SiLU and input gradient, a norm's
 statistics, the masks of the chunked memory. On the default job's rows that
 puts XLA's count 0.5 to 4% above this one (tests/test_flops.py). The
+memories trained in the forward pass (TTT's, Titans') carry the copies XLA
+makes inside them in their measured constants (tmem.memory.flops); around
+them, Titans' convolution over q, k and v, fused into the many fusions of
+the memory that read them, XLA counts about twice (1% of its step). The
 recurrent form's step has the most of it: XLA's CPU fusion of the add rule's
 backward recomputes dS + q do^T in every fusion that reads it, a third to a
 half more than the memory's count, and the delta rule's with a decay a
@@ -52,12 +59,15 @@ import jax
 from flax import nnx
 
 from tasks.memorize import Memorize
-from tmem.memory.flops import chunked, elementwise, matmul, recurrent
+from tmem.memory.flops import cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.hopfield import HopfieldConfig
 from tmem.mixers.lsa import LSAConfig
+from tmem.mixers.mesa import MesaConfig
 from tmem.mixers.none import NoneConfig
+from tmem.mixers.titans import TitansConfig
+from tmem.mixers.ttt import TTTConfig
 from tmem.model import build_model
 
 # (forward, backward) FLOPs per element of composite functions, as XLA's CPU cost analysis counts each on its
@@ -324,7 +334,8 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
     memory = (d_phi, d_v + c.normalize, decay, c.decay != "fixed", c.write_strength != "one", c.rule == "delta")
     reads = None if Q is None else B * Q * H
     if c.form == "chunked":
-        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once)
+        shared = H if c.decay == "fixed" else None  # RetNet's decay: made once for the batch
+        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once, shared)
     else:
         parts["mixer/memory"] += recurrent(B * H, T, *memory, reads, once)
     return parts
@@ -346,8 +357,105 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
     return forward + backward + elementwise(B * T * C, SILU)
 
 
+def mesa(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.mesa: q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
+    H_t at every token, the ridge systems (H_t + Lambda) x = q solved by conjugate gradients where the layer
+    reads, G read with the solutions as queries (the chunked form), each head's RMSNorm, the gate and the output
+    map."""
+    c, D = cfg.mixer, cfg.model.width
+    if c.form != "parallel":  # the definition, a token loop with an LU solve at each token, for tests
+        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    if c.solver != "cg":  # a LAPACK call, which XLA's cost analysis counts as nothing
+        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with solver={c.solver}")
+    H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+    gated = c.forget == "gate"
+    grads = 2 if input_grad else 1
+    parts = Counter()
+    parts["mixer/projections"] += 3 * matmul(N, D, D, grads) + matmul(R, D, D)
+    parts["mixer/projections"] += (1 + gated) * (matmul(N, D, H, grads) + 2 * N * H)  # the gates', with biases
+    if c.short_conv:
+        parts["mixer/conv"] += short_conv(B, T, 2 * D, c.short_conv)
+    gates = elementwise(2 * N * D, L2_NORMALIZE) + elementwise(N * H, SIGMOID)
+    if gated:
+        gates += elementwise(N * H, LOG_SIGMOID)
+    if c.output_gate:  # made at every token and read at R (reading at Q, its gradient scattered back)
+        activation = SILU if c.gate_activation == "silu" else SIGMOID
+        parts["mixer/projections"] += matmul(N, D, D, grads)
+        gates += elementwise(R * D, activation) + 3 * R * D + (R * D if Q else 0)
+    parts["mixer/gates"] += gates
+    parts["norms"] += norm("rmsnorm", R * D)
+    reads = B * H * (Q or T)  # the systems solved: one for each read of each head
+    memory = key_sums(B * H, T, d, gated, c.chunk, once)
+    # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads (and,
+    # reading at Q positions, H_t's gradient scattered back)
+    memory += reads * d * d * (3 + (Q is not None))
+    memory += cg(reads, d, c.cg_steps, once)
+    memory += chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, 16, None if Q is None else reads, once)
+    parts["mixer/memory"] += memory
+    return parts
+
+
+def ttt(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.ttt: the shared q/k map and v's, each of q and k through its own biased convolution and RoPE
+    within the mini-batch, the learned per-token rate, the memory trained by mini-batch gradient steps (the
+    dual form), the read's LayerNorm over the width, its GELU gate and the output map."""
+    c, D = cfg.mixer, cfg.model.width
+    if c.form != "dual":  # the definition's token loop, for tests
+        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+    grads = 2 if input_grad else 1
+    parts = Counter()
+    # q/k, v and the gate (made at every token, read at R) and the rate's map; the output map
+    parts["mixer/projections"] += 3 * matmul(N, D, D, grads) + matmul(N, D, H, grads) + 2 * N * H + matmul(R, D, D)
+    if c.short_conv:  # two filters over the one map, with biases and no SiLU; backward, their input gradients added
+        parts["mixer/conv"] += 2 * (short_conv(B, T, D, c.short_conv) - elementwise(N * D, SILU) + 2 * N * D) + N * D
+    gates = 12 * N * D if c.rope else 0  # q and k: x1 cos - x2 sin, x2 cos + x1 sin, and back
+    # lr = base_lr sigmoid(.) / d (XLA drops a product with one); the GELU gate, its product and two gradients
+    gates += elementwise(N * H, SIGMOID) + 2 * N * H * (1 + (c.base_lr != 1.0))
+    gates += elementwise(R * D, GELU) + 3 * R * D + (2 * R * D if Q else 0)  # reading at Q: two gathers' scatters
+    parts["mixer/gates"] += gates
+    parts["norms"] += norm("layernorm", R * D)
+    if c.inner == "linear":
+        parts["mixer/memory"] += ttt_dual(B * H, T, d, c.mini_batch, once)
+    else:  # TTT-MLP: the gradient memory with the reading position's factor, neither decay nor momentum
+        parts["mixer/memory"] += gradient_memory(B * H, T, c.mini_batch, [d, c.expansion * d, d], bias=True,
+                                                 norm=True, tok=True, decay_grad=False, momentum=False, once=once)
+    return parts
+
+
+def titans(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.titans (and the regression grid's iterative cells): q, k, v through the short convolution
+    with SiLU, unit q and k, the rates theta, eta and alpha from the token, the gradient memory (a scan over
+    mini-batches), each head's RMSNorm and the output map."""
+    c, D = cfg.mixer, cfg.model.width
+    if c.form != "parallel":  # the definition's token loop, for tests
+        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+    grads = 2 if input_grad else 1
+    parts = Counter()
+    rates = 1 + c.momentum + (c.forget == "gate")  # theta, eta, alpha: a map of x each, with a bias
+    parts["mixer/projections"] += 3 * matmul(N, D, D, grads) + rates * (matmul(N, D, H, grads) + 2 * N * H)
+    parts["mixer/projections"] += matmul(R, D, D)
+    if c.short_conv:
+        parts["mixer/conv"] += short_conv(B, T, 3 * D, c.short_conv)
+    # unit q and k; theta = base_lr sigmoid(.) / d (XLA drops a product with one); reading at Q, the read's
+    # gradient scattered back
+    gates = elementwise(2 * N * D, L2_NORMALIZE) + elementwise(N * H, SIGMOID) + 2 * N * H * (1 + (c.base_lr != 1.0))
+    gates += R * D if Q else 0
+    if c.momentum:  # log eta = log_sigmoid(.)
+        gates += elementwise(N * H, LOG_SIGMOID)
+    if c.forget == "gate":  # log(1 - alpha) = log_sigmoid(-.), and the negation's gradient
+        gates += elementwise(N * H, LOG_SIGMOID) + 2 * N * H
+    parts["mixer/gates"] += gates
+    parts["norms"] += norm("rmsnorm", R * D)
+    widths = [d, c.expansion * d, d] if c.function == "mlp" else [d, d]
+    parts["mixer/memory"] += gradient_memory(B * H, T, c.mini_batch, widths, c.bias, c.inner_norm, tok=False,
+                                             decay_grad=c.forget == "gate", momentum=c.momentum, once=once)
+    return parts
+
+
 MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight,
-               HopfieldConfig: hopfield}
+               HopfieldConfig: hopfield, MesaConfig: mesa, TTTConfig: ttt, TitansConfig: titans}
 
 
 def optimizer(cfg) -> int:

@@ -1,11 +1,20 @@
-"""FLOPs of the fast-weight memory, forward and backward, as XLA's CPU cost analysis counts them: the chunked
-form (tmem.memory.chunked) and the recurrent one (tmem.memory.linear_state.recurrent), the memory's part of
-tmem.flops' count of a training step.
+"""FLOPs of the memories, forward and backward, as XLA's CPU cost analysis counts them: the fast-weight memory's
+chunked form (tmem.memory.chunked) and recurrent one (tmem.memory.linear_state.recurrent), mesa's sums and
+conjugate-gradient solve (tmem.memory.mesa), TTT-Linear's dual form (tmem.memory.ttt) and the gradient memory of
+TTT-MLP and Titans (tmem.memory.gradient): the memory's part of tmem.flops' count of a training step.
 
 A matmul [m, k] x [k, n] is 2mkn, and 2mkn more for each operand's gradient;
 an elementwise op is 1 FLOP an element (exp and other transcendentals, which
 XLA reports apart, count 0); composite ops carry their measured
-(forward, backward) costs per element.
+(forward, backward) costs per element. The memories trained in the forward
+pass (TTT's and Titans') take a gradient inside the forward, which the step
+differentiates again, and XLA fuses a cheap elementwise producer there into
+every fusion that reads it:
+their elementwise terms are what XLA counts for each line of that code,
+copies included, measured per element on the default job's shapes (the
+matmuls, 75 to 90% of those memories, are exact). With mini-batches of 8
+tokens or fewer XLA makes more copies, and counts these memories 3 to 16%
+above this count (memory alone, measured at mini_batch 8, 4 and 1).
 """
 
 from __future__ import annotations
@@ -34,11 +43,13 @@ def elementwise(n: int, cost: tuple[int, ...], grad: bool = True) -> int:
 
 
 def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
-            delta: bool, chunk: int, sub_chunk: int, reads: int | None, once: bool = False) -> int:
+            delta: bool, chunk: int, sub_chunk: int, reads: int | None, once: bool = False,
+            decay_heads: int | None = None) -> int:
     """tmem.memory.chunked.chunked for BH heads of T tokens, from an empty state as training starts.
 
     decay: None, or the width G of the log decay (1 for a scalar, dk for a vector); decay_grad: whether it
-    trains (RetNet's is fixed). reads: None (every position) or the number of (example, read, head) rows
+    trains (RetNet's is fixed); decay_heads: the heads its factors are made for, when fewer than BH (RetNet's is
+    shared by the batch: its H heads). reads: None (every position) or the number of (example, read, head) rows
     `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
     one step of it, as XLA does); with one chunk nothing reads it, and the quadratic form is all.
     """
@@ -47,14 +58,16 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
     from_state = N > 1
     by_decay = (SCALED if decay == 1 else PRODUCT) if decay else (0, 0)  # x * exp(b), b broadcast if scalar
     flops = 0
+    decay_chunks = (decay_heads or BH) * N
     if decay:  # b = tril(1) @ g, a gradient for g only; from chunk to chunk, k * exp(b_C - b)
-        flops += matmul(rows, C, decay, grads=int(decay_grad))
+        flops += matmul(decay_chunks * C, C, decay, grads=int(decay_grad))
         if from_state:
-            flops += elementwise(rows * decay, (1, 1), decay_grad) + elementwise(rows * dk, by_decay)
+            flops += elementwise(decay_chunks * C * decay, (1, 1), decay_grad) + elementwise(rows * dk, by_decay)
     if strengths:
         flops += elementwise(rows * dv, SCALED)  # u = beta v
     if delta:  # L = beta (k k^T strictly below the diagonal); U = (I + L)^{-1} rhs, rhs = [u, beta k e^b]
-        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + elementwise(chunks * C * C, SCALED)
+        flops += (intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks)
+                  + elementwise(chunks * C * C, SCALED))
         if from_state:
             flops += elementwise(rows * dk, SCALED) + elementwise(rows * dk, by_decay)
         # the inverse has no backward: unit_lower_solve's is two matmuls with the inverse it kept, and a mask
@@ -64,7 +77,7 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
     if from_state:
         flops += (1 if once else N) * state_pass(BH, C, dk, dv, decay, delta)
     if reads is None:
-        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk) + matmul(rows, C, dv)
+        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks) + matmul(rows, C, dv)
         if from_state:  # + (q e^b) S_in
             flops += elementwise(rows * dk, by_decay) + matmul(rows, dk, dv) + rows * dv
         return flops
@@ -140,13 +153,16 @@ def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: boo
     return flops
 
 
-def intra_scores(chunks: int, C: int, dk: int, decay: int | None, decay_grad: bool, sub_chunk: int) -> int:
-    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T, times the decays."""
+def intra_scores(chunks: int, C: int, dk: int, decay: int | None, decay_grad: bool, sub_chunk: int,
+                 decay_chunks: int | None = None) -> int:
+    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T, times the decays (made
+    for `decay_chunks` of them, when a decay is shared by the batch)."""
     where = elementwise(chunks * C * C, (1, 1))
     if decay is None:
         return matmul(chunks * C, dk, C) + where
     if decay == 1:  # exp(where(mask, b_i - b_j)) * (q k^T); no gradient into a fixed decay
-        diff = elementwise(chunks * C * C, DIFFERENCE, decay_grad) + (where if decay_grad else chunks * C * C)
+        made = (decay_chunks or chunks) * C * C
+        diff = elementwise(made, DIFFERENCE, decay_grad) + (elementwise(made, (1, 1)) if decay_grad else made)
         return matmul(chunks * C, dk, C) + diff + elementwise(chunks * C * C, PRODUCT if decay_grad else (1, 1))
     # a vector decay in sub-chunks of c tokens: every c x c x dk decay on the diagonal blocks; off them the
     # decays factor through each block's first and last rows
@@ -171,4 +187,207 @@ def unit_lower_inverse(C: int, base: int = 8) -> int:
     while s < P:
         flops += (P // (2 * s)) * (2 * 2 * s**3 + s * s)
         s *= 2
+    return flops
+
+
+def cumsum(n: int) -> int:
+    """jnp.cumsum along n elements (one row), as XLA's CPU backend rewrites its reduce-window: n (n - 1) up to 16,
+    else a sum within each block of 16 (16 FLOPs an element, padded to whole blocks, the offsets' adds included)
+    and the cumulative sum of the m block totals (measured: 1039 for n = 64, 4351 for n = 256)."""
+    if n <= 16:
+        return n * (n - 1)
+    m = -(-n // 16)
+    return 256 * m + (m * m - 1 if m <= 16 else cumsum(m))
+
+
+def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False) -> int:
+    """tmem.memory.mesa.prefix_sums(k, k, ...) for BH heads of T tokens: H_t = sum_{j<=t} gamma_tj k_j k_j^T
+    [d x d] at every t, forward and backward, from an empty state.
+
+    In each chunk of C tokens, every k_j k_j^T, then a C x C matmul with the gated decays exp(b_t - b_j) beta_j
+    (decay_grad: whether log a trains; beta always does). Several chunks pass their entry states through a
+    scan (once: count one step of it, as XLA does), and each chunk's H_t adds its decayed entry state.
+    """
+    N = math.ceil(T / chunk)
+    C = chunk if N > 1 else T
+    chunks, rows, E = BH * N, BH * N * C, d * d
+    # k k^T, and backward the sum of its gradient times k, twice (k is both factors), added
+    flops = matmul(chunks * C, C, E) + rows * (E + 4 * E + d)
+    # b = cumsum(log a); exp(where(b_t - b_j)) * beta_j: sub, select, product; backward, beta's gradient (product,
+    # sum), and through exp, where and the difference to log a (product, product, select, sum and -sum)
+    flops += chunks * (cumsum(C) * (1 + decay_grad) + C * C * (3 + (8 if decay_grad else 2)))
+    if N > 1:
+        # each chunk's write sum_j exp(b_C - b_j) beta_j k_j k_j^T (its gates: sub, product), and e^{b_t} H_in added
+        # to each H_t, forward and backward; the scan: a H + write, and backward a times dH and a's gradient
+        flops += matmul(chunks * E, C, 1) + chunks * C * (E + 4 * E + d) + rows * (2 + 5) + rows * E * (2 + 4)
+        flops += (1 if once else N) * BH * E * 5
+    return flops
+
+
+def cg(rows: int, d: int, steps: int, once: bool = False) -> int:
+    """tmem.memory.mesa.cg_solve on `rows` systems A x = b of d unknowns: `steps` conjugate-gradient iterations
+    from the Jacobi guess b / diag(A); backward, the same iterations on the adjoint system, and dA = (-db) x^T.
+    The iterations are a scan (once: count one of each scan, as XLA does)."""
+    init = 2 * d * d + 4 * d  # b / diag(A), r = b - A x, r . r
+    return rows * (2 * (init + (1 if once else steps) * cg_step(d)) + d * d + d)
+
+
+def cg_step(d: int) -> int:
+    """One conjugate-gradient iteration on one system of d unknowns: A p, p . Ap, alpha (a division made safe:
+    compare, two selects, divide), x and r, r . r, beta (the same), p.
+
+    Every iteration counts whole, as the loop runs it: unrolled, XLA would drop the last one's updates of r and
+    p that nothing reads (100 of these 680 FLOPs at d = 16).
+    """
+    return 2 * d * d + 10 * d + 8
+
+
+# TTT's inner LayerNorm, per element of its input: (forward, backward with the scale's and bias's gradients), as
+# tmem.memory.ttt.layer_norm; and the inner loss's gradient G = LN'(z)^T (LN(z) - target) that ttt._ln_with_vjp
+# writes out, forward, and backward through it (to z, the target, the scale and the bias): measured at d = 64, a
+# few FLOPs a row more at d = 16
+TTT_LN, TTT_INNER_GRAD = (7, 14), (16, 34)
+
+
+def ttt_dual(BH: int, T: int, d: int, b: int, once: bool = False) -> int:
+    """tmem.memory.ttt.dual for BH heads of T tokens in mini-batches of b, forward and backward, from the initial
+    state: every mini-batch's reads, and between mini-batches (a scan over all but the last: once, count one
+    step of it, as XLA does) the writes that close each."""
+    n = math.ceil(T / b)
+    steps = min(n - 1, 1) if once else n - 1
+    P, S = BH * n * b * d, BH * n * b * b  # all mini-batches' token elements, and their b x b scores
+    # outside the loop, for all mini-batches at once: eta = tok_i lr_j below the diagonal (two products, which
+    # XLA makes again in each fusion that reads eta) and lr's and tok's gradients, summed; with several
+    # mini-batches, the gradients of the last one's slice and the others' added (q, k, v and eta)
+    outside = S * (10 + 2 * (n > 1)) + ((3 * P + S) if n > 1 else 0)
+    weights = 5 * BH * (d * d + d)  # W_0 and b_0 broadcast over the batch: their gradients summed
+    return steps * ttt_step(BH, b, d) + ttt_read(BH, b, d) + outside + weights
+
+
+def ttt_read(BH: int, b: int, d: int) -> int:
+    """One mini-batch of tmem.memory.ttt.dual's reads for BH heads, forward and backward: z = k W + b and the
+    inner loss's gradient G there, then z_bar = q W + b - tok (q dW + db) - (eta (q k^T + 1)) G and q + LN(z_bar).
+
+    Nothing folds the state's zero change dW, db: q dW and its gradient to q count like the other matmuls.
+    """
+    rows = BH * b
+    P, S = rows * d, rows * b
+    # k W, q W, q dW (dW a constant: no gradient); q k^T; the scores times G
+    flops = 2 * matmul(rows, d, d) + matmul(rows, d, d, grads=1) + matmul(rows, d, b) + matmul(rows, b, d)
+    flops += elementwise(P, TTT_INNER_GRAD) + elementwise(P, TTT_LN)
+    # per token element: + b (z), v - k, + b, + db, tok times, minus both, q + LN: 7 forward; backward, b's
+    # gradient summed (twice), -dt into k, tok's gradient (product, sum), the gradients added into k and q, and
+    # the copies XLA makes of cheap producers
+    flops += P * 23
+    return flops + S * 6  # (q . k + 1) eta; backward, eta's and q . k's gradients
+
+
+def ttt_step(BH: int, b: int, d: int) -> int:
+    """One step of tmem.memory.ttt.dual's scan for BH heads, forward and backward: a mini-batch's reads, its
+    writes sum_j lr_j k_j G_j^T into dW and lr . G into db, and the close W - tok_b dW, b - tok_b db."""
+    return ttt_read(BH, b, d) + matmul(BH * d, b, d) + BH * b * d * 7 + BH * (d * d + d) * 7
+
+
+# the gradient memory (tmem.memory.gradient) per element: autodiff's gradient of 1/2 ||LN(z) - t||^2 with respect to
+# z (forward, and backward to z, t and the LN's scale and bias); GELU (the tanh form, as tmem.flops.GELU), and GELU
+# with its derivative times the incoming gradient (a hidden layer's delta), forward and backward
+INNER_LOSS_GRAD, GELU, GELU_AND_DERIVATIVE = (20, 42), (8, 15), (23, 54)
+
+
+def gradient_memory(BH: int, T: int, b: int | None, widths: list[int], bias: bool, norm: bool, tok: bool,
+                    decay_grad: bool, momentum: bool, once: bool = False) -> int:
+    """tmem.memory.gradient.parallel for BH heads of T tokens, forward and backward, from the initial state, in
+    mini-batches of b tokens (None: one of all T): each mini-batch's reads (`gradient_block`), and but for the last
+    its writes (`inner_write`). The first and last mini-batch are outside the scan over the others (once: count one
+    step of it, as XLA does).
+
+    widths: the inner model's [d, d] (x W1 + b1) or [d, hidden, d] (GELU(x W1 + b1) W2 + b2); bias, norm (x +
+    LN(g(x)), target v - k), tok (TTT's factor of the reading position), decay_grad (the memory decays by a rate
+    from the token; a fixed decay, or none, still has its factors made) and momentum: as tmem.memory.gradient.
+    """
+    b = b or T
+    n = math.ceil(T / b)
+    middle = max(n - 2, 0)
+    steps = min(middle, 1) if once else middle
+    options = bias, norm, tok, decay_grad, momentum
+    flops = steps * gradient_step(b, widths, *options)
+    if n > 1:  # the first mini-batch, which closes; the gradients of the slices taken for each part added (q, k,
+        # v and the rates)
+        flops += gradient_step(b, widths, *options) + 2 * T * (3 * widths[0] + 3)
+    flops += gradient_block(b, widths, *options)  # the last, whose state nothing reads
+    weights = sum(a * c + c * bias for a, c in zip(widths, widths[1:]))
+    return BH * (flops + weights)  # and the initial memory's gradient, summed over the batch
+
+
+def gradient_step(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
+                  momentum: bool) -> int:
+    """One mini-batch of one head that closes, as each step of tmem.memory.gradient.parallel's scan: its reads and
+    its writes, forward and backward."""
+    return gradient_block(b, widths, bias, norm, tok, decay_grad, momentum) + inner_write(b, widths, bias, momentum)
+
+
+def gradient_block(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
+                   momentum: bool) -> int:
+    """One mini-batch of one head's reads, forward and backward: its coefficients, the keys' forward and deltas
+    at M_0, and the queries' reads (M_0 and, with momentum, the momentum S_0 side by side)."""
+    return (coefficients(b, tok, decay_grad, momentum) + inner_keys(b, widths, bias, norm)
+            + inner_read(b, widths, bias, norm, 1 + momentum, decay_grad or momentum))
+
+
+def coefficients(b: int, tok: bool, decay_grad: bool, momentum: bool) -> int:
+    """tmem.memory.gradient._coefficients for one mini-batch of b tokens, forward and backward: the decays D_il
+    from the cumulative log decay (sub, and two selects around the exp, which XLA makes again in each fusion that
+    reads them, so that a fixed decay, or none, costs as much), C = D theta, K = tok C; with momentum its decays
+    E as D, m = D P and C = (D E) theta, a b x b x b matmul."""
+    S = b * b
+    flops = 8 * S + 7 * S + (7 * S if tok else 0) + cumsum(b) * (1 + decay_grad)
+    if momentum:  # log eta always comes from the token
+        flops += 8 * S + 2 * S + 2 * cumsum(b) + matmul(b, b, b, 1 + decay_grad)
+    return flops
+
+
+def inner_keys(b: int, widths: list[int], bias: bool, norm: bool) -> int:
+    """The inner model on one mini-batch's b keys at M_0, and its deltas (each layer's output gradient of the
+    half-loss), forward and backward. A hidden layer's delta goes back through W2^T and GELU's derivative; the
+    hidden units, which the reads also take, are made again by a second call of the model, whose forward XLA
+    shares but whose backward (to k and W1, through GELU's derivative again) it takes apart."""
+    flops = 0
+    for i, (a, c) in enumerate(zip(widths, widths[1:])):
+        # x W + b; backward, b's gradient summed (XLA copies the add into each fusion that reads z), and the
+        # gradients of x added
+        flops += matmul(b, a, c) + b * c * (1 + (6 if bias else 0))
+        if i < len(widths) - 2:  # a hidden layer: GELU; its delta = (delta_out W_out^T) GELU'(z); the second call
+            flops += elementwise(b * c, GELU_AND_DERIVATIVE) + b * c * GELU[1]
+            flops += matmul(b, widths[i + 2], c) + 2 * 2 * b * a * c
+    D = widths[-1]
+    # the output's delta: the LN's gradient at LN(z) - (v - k), or z - v; the target's difference and the square
+    return flops + (elementwise(b * D, INNER_LOSS_GRAD) if norm else 0) + 16 * b * D
+
+
+def inner_read(b: int, widths: list[int], bias: bool, norm: bool, starts: int, trained: bool) -> int:
+    """One mini-batch's reads at its b queries, forward and backward: per layer, the input times the `starts`
+    matrices side by side (M_0, and the momentum S_0), scaled per token (by coefficients that train if there is
+    a decay or momentum) and summed, minus the scores K (x x_j + 1) times the deltas, the biases the same way,
+    GELU between; then q + LN(.) (norm)."""
+    flops = 0
+    for i, (a, c) in enumerate(zip(widths, widths[1:])):
+        flops += matmul(b, a, c * starts) + matmul(b, a, b) + matmul(b, b, c)
+        # sum_i c_i y_i (backward, y_i's gradients, and c_i's summed); the gradients of h added
+        flops += b * c * (3 * starts + (3 * starts if trained else 0))
+        flops += 6 * b * b + 2 * b * c  # the scores' + 1 and product, both gradients; the subtraction, negated
+        if bias:  # + sum_i c_i bias_i, and the gradients
+            flops += b * c * (4 * starts - 1)
+        if i < len(widths) - 2:
+            flops += elementwise(b * c, GELU)
+    return flops + (elementwise(b * widths[-1], TTT_LN) + b * widths[-1] if norm else 0)
+
+
+def inner_write(b: int, widths: list[int], bias: bool, momentum: bool) -> int:
+    """The state after a mini-batch that closes, forward and backward: M_0 <- A_b M_0 (+ tok m S_0) - sum_j K_bj
+    grad_j, each gradient sum X^T (w delta) per layer; with momentum S <- P_b S_0 - sum_j E_bj theta_j grad_j too."""
+    flops = 0
+    for a, c in zip(widths, widths[1:]):
+        weights = a * c + c * bias
+        grads = matmul(a, b, c) + 10 * b * c + (matmul(1, b, c) if bias else 0)  # X^T (w delta), w . delta
+        flops += (1 + momentum) * (grads + 8 * weights) + 2 * weights  # the combinations, and -grads
     return flops
