@@ -44,3 +44,15 @@ def test_mqar_speed_prints_the_analytic_count_beside_xlas():
     # two microbatches under lax.map: XLA's cost analysis counts one, the analytic count both
     assert 1.6 < results["flops"] / results["xla_flops"] < 2.2
     assert "XLA's cost analysis" in done.stdout
+
+
+@pytest.mark.slow
+def test_microbatch_times_each_row_at_each_slice_and_names_the_fastest():
+    done = run_entry("benchmarks/microbatch.py", "--rows", "softmax", "linear", "--sizes", "2", "4", "--steps", "2",
+                     "--rounds", "1", "train.batch_size=4", "task.heldout_size=8", "model.width=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(results) == {"softmax", "linear"}
+    for row in results.values():
+        assert set(row["step_ms"]) == {"2", "4"} and str(row["fastest"]) in row["step_ms"]
+        assert row["step_ms"][str(row["fastest"])] == min(row["step_ms"].values())

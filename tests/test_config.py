@@ -66,6 +66,10 @@ def test_eval_config_composes():
     (["optim.b2=1.0"], "optim.b2=1.0 must be in [0, 1)"),
     (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1 must be zero or more"),
     (["optim.eps=0"], "optim.eps=0.0 must be positive"),
+    (["train.microbatch=half"], "train.microbatch='half' must be a positive integer, null or auto"),
+    (["train.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64"),
+    (["mixer.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64 (train.microbatch=auto takes "
+                              "mixer.microbatch; set train.microbatch)"),
 ])
 def test_bad_configs_fail_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -101,6 +105,15 @@ def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
 def test_learning_rate_defaults_to_the_mixers_and_a_set_one_wins():
     assert validate(compose_config([])).optim.lr == validate(compose_config([])).mixer.lr
     assert validate(compose_config(["optim.lr=3e-4"])).optim.lr == 3e-4
+
+
+def test_the_microbatch_defaults_to_the_mixers_and_a_set_one_wins():
+    """A slice size changes only the speed, so each row may keep its own; auto takes it, a number or null wins."""
+    train = lambda *overrides: validate(compose_config(list(overrides))).train  # noqa: E731
+    assert train().microbatch == validate(compose_config([])).mixer.microbatch
+    assert train("mixer.microbatch=16").microbatch == 16
+    assert train("mixer.microbatch=16", "train.microbatch=8").microbatch == 8
+    assert train("mixer.microbatch=16", "train.microbatch=null").microbatch is None
 
 
 @pytest.mark.parametrize("task, target", [("mqar", 0.99), ("memorize", 1.0), ("linreg", None)])

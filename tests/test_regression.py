@@ -51,7 +51,9 @@ def test_every_preset_is_named_and_the_grid_spells_every_named_row():
 @pytest.mark.parametrize("row", sorted(NAMED))
 def test_a_named_cell_resolves_to_its_rows_config(row):
     cell, named = mixer_of("mixer=regression", *NAMED[row]), mixer_of(f"mixer={row}")
-    assert dataclasses.replace(cell, name=row) == named  # every knob of the row's YAML
+    # every knob of the row's YAML; the slice of the batch is the grid's (mixer.microbatch), the same update
+    assert dataclasses.replace(cell, name=row, microbatch=named.microbatch) == named
+    assert mixer_of("mixer=regression", "mixer.microbatch=8", *NAMED[row]).microbatch == 8
 
 
 @pytest.mark.parametrize("row", sorted(QUICK))

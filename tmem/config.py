@@ -162,7 +162,9 @@ class TrainConfig:
     seed: int = 0
     steps: int = 5000
     batch_size: int = 64
-    microbatch: int | None = 32  # differentiate at most this many examples at once: the same update, faster on a CPU
+    # differentiate at most this many examples at once: the same update, faster on a CPU; auto: the mixer's
+    # (mixer.microbatch, resolved by validation), null: the whole batch
+    microbatch: int | str | None = "auto"
     log_every: int = 50
     eval_every: int = 50
     checkpoint_every: int = 1000
@@ -182,10 +184,13 @@ class TrainConfig:
     compute_dtype: str = "float32"
 
     def __post_init__(self):
+        if isinstance(self.microbatch, str) and self.microbatch != "auto":
+            raise ValueError(f"train.microbatch={self.microbatch!r} must be a positive integer, null or auto")
         _positive(**{f"train.{f}": getattr(self, f) for f in
-                     ("steps", "batch_size", "microbatch", "log_every", "eval_every", "checkpoint_every",
-                      "keep_checkpoints", "stop_after", "diverge_factor", "diverge_patience")})
-        if self.microbatch is not None and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
+                     ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
+                      "keep_checkpoints", "stop_after", "diverge_factor", "diverge_patience")},
+                  **({} if isinstance(self.microbatch, str) else {"train.microbatch": self.microbatch}))
+        if isinstance(self.microbatch, int) and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
         _choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
 
@@ -268,6 +273,11 @@ def validate(cfg: DictConfig) -> Config:
         if mixer.lr is None:
             raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
         fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
+    if fixed["train"].microbatch == "auto":
+        try:
+            fixed["train"] = dataclasses.replace(fixed["train"], microbatch=mixer.microbatch)
+        except ValueError as e:
+            raise ConfigError(f"{e} (train.microbatch=auto takes mixer.microbatch; set train.microbatch)") from None
     cluster = parse_group("cluster", ClusterConfig, cfg.cluster) if "cluster" in cfg else ClusterConfig()
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)

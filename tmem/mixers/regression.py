@@ -131,7 +131,8 @@ class RegressionConfig(MixerConfig):
         replace = {"heads": self.heads} if row.heads != self.heads else {}
         if optimizer in ("minibatch", "momentum") and getattr(row, "mini_batch", None) != self.mini_batch:
             replace["mini_batch"] = self.mini_batch
-        return dataclasses.replace(row, name="regression", lr=self.lr, **replace)
+        # the grid's rate and slice of the batch, not the row's: every cell of a sweep trains alike
+        return dataclasses.replace(row, name="regression", lr=self.lr, microbatch=self.microbatch, **replace)
 
     def check(self, width: int) -> None:
         self.resolve().check(width)

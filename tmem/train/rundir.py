@@ -32,7 +32,10 @@ RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any 
 # MLP, optimizer, seed, batch) is the run itself; changing it is a new run.
 RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_every", "train.checkpoint_every",
              "train.keep_checkpoints", "train.target", "train.early_stop", "train.resume", "train.diverge_factor",
-             "train.diverge_patience", "logger.", "name", "cluster.", "mixer.implementation")
+             "train.diverge_patience", "logger.", "name", "cluster.", "mixer.implementation",
+             # the slice of the batch differentiated at once: the same update to float rounding, and runs saved
+             # before train.microbatch=auto hold a number where a new command has auto
+             "train.microbatch", "mixer.microbatch")
 # Hydra's flags that print something and run nothing
 INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
            "--shell-completion"}
@@ -192,7 +195,7 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise ConfigError(f"train.resume: this command changes {shown}{more} from the run in {run_dir}; a resume "
-                          "may change only the step budget, logging, evaluation, checkpoint cadence and target "
+                          "may change only the step budget, logging, evaluation, checkpoint cadence, target and microbatch "
                           "(README: Run directories): drop those overrides, or start a new run in another "
                           "hydra.run.dir")
 
