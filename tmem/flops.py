@@ -357,14 +357,20 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
     return forward + backward + elementwise(B * T * C, SILU)
 
 
+def training_form(c, form: str) -> None:
+    """Refuse any form but the training one: the others are the token loops (mesa's with a solve at each token)
+    that the training forms are tested against, and have no count."""
+    if c.form != form:
+        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+
+
 def mesa(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
     """tmem.mixers.mesa: q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
     H_t at every token, the ridge systems (H_t + Lambda) x = q solved by conjugate gradients where the layer
     reads, G read with the solutions as queries (the chunked form), each head's RMSNorm, the gate and the output
     map."""
     c, D = cfg.mixer, cfg.model.width
-    if c.form != "parallel":  # the definition, a token loop with an LU solve at each token, for tests
-        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    training_form(c, "parallel")
     if c.solver != "cg":  # a LAPACK call, which XLA's cost analysis counts as nothing
         raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with solver={c.solver}")
     H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
@@ -400,8 +406,7 @@ def ttt(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False
     within the mini-batch, the learned per-token rate, the memory trained by mini-batch gradient steps (the
     dual form), the read's LayerNorm over the width, its GELU gate and the output map."""
     c, D = cfg.mixer, cfg.model.width
-    if c.form != "dual":  # the definition's token loop, for tests
-        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    training_form(c, "dual")
     H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
     grads = 2 if input_grad else 1
     parts = Counter()
@@ -428,8 +433,7 @@ def titans(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fa
     with SiLU, unit q and k, the rates theta, eta and alpha from the token, the gradient memory (a scan over
     mini-batches), each head's RMSNorm and the output map."""
     c, D = cfg.mixer, cfg.model.width
-    if c.form != "parallel":  # the definition's token loop, for tests
-        raise NotImplementedError(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    training_form(c, "parallel")
     H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
     grads = 2 if input_grad else 1
     parts = Counter()
