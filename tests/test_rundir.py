@@ -223,3 +223,18 @@ def test_a_claim_is_exclusive_across_processes(tmp_path):
             "except ConfigError: print('lost')").format(root=str(ROOT), run=str(tmp_path / "run"))
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     assert sorted(p.communicate(timeout=120)[0].strip() for p in procs) == ["lost", "won"]
+
+
+def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):
+    """Runs saved before train.microbatch=auto hold a number and no mixer.microbatch; the slice is no part of the
+    run (the same update), so a resume may change it either way."""
+    resolved = OmegaConf.to_container(compose_config(TINY), resolve=True)
+    assert resolved["train"]["microbatch"] == "auto"
+    old = {**resolved, "train": {**resolved["train"], "microbatch": 32},
+           "mixer": {k: v for k, v in resolved["mixer"].items() if k != "microbatch"}}
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
+    rundir.check_resume(tmp_path, resolved)
+    rundir.check_resume(tmp_path, {**resolved, "train": {**resolved["train"], "microbatch": 8}})
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        rundir.check_resume(tmp_path, {**resolved, "train": {**resolved["train"], "batch_size": 8}})

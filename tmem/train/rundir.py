@@ -195,9 +195,9 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise ConfigError(f"train.resume: this command changes {shown}{more} from the run in {run_dir}; a resume "
-                          "may change only the step budget, logging, evaluation, checkpoint cadence, target and microbatch "
-                          "(README: Run directories): drop those overrides, or start a new run in another "
-                          "hydra.run.dir")
+                          "may change only the step budget, logging, evaluation, checkpoint cadence, target and "
+                          "microbatch (README: Run directories): drop those overrides, or start a new run in "
+                          "another hydra.run.dir")
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
