@@ -94,22 +94,28 @@ def test_an_empty_state_and_reads_at_positions_equal_the_definition(decay, delta
                 assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name, kw)
 
 
-def test_a_decay_shared_by_the_batch_equals_it_given_to_every_example():
-    """RetNet's fixed decay is passed once, [1, T, H, 1], so its factors are made once: every path (several chunks
-    from a state, one chunk from none, reads at positions) equals the definition with it repeated per example."""
+# the paths a shared decay takes: several chunks from a state, one chunk from none, and reads at positions from
+# each; the quick subset keeps the one that passes through all of chunked's branches
+SHARED_PATHS = [pytest.param(True, False, id="state"), pytest.param(False, False, id="empty"),
+                pytest.param(False, True, id="empty-read-at"), pytest.param(True, True, id="state-read-at")]
+
+
+@pytest.mark.parametrize("from_state, reads", quick_only(SHARED_PATHS, {"state-read-at"}))
+def test_a_decay_shared_by_the_batch_equals_it_given_to_every_example(from_state, reads):
+    """RetNet's fixed decay is passed once, [1, T, H, 1], so its factors are made once: the chunked form with it
+    equals the definition with it repeated for every example, in outputs, final state and gradients."""
     x = inputs(13, "scalar", False)
     shared = jax.nn.log_sigmoid(2 * jax.random.normal(jax.random.key(3), (1, 13, H, 1)))
-    read_at = jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])
-    for state, kw in ((x["state"], {}), (None, {}), (None, {"read_at": read_at}), (x["state"], {"read_at": read_at})):
-        every = dict(x, log_a=jnp.broadcast_to(shared, (B, 13, H, 1)), state=state)
-        definition = partial(recurrent_read_at, **kw) if kw else recurrent
-        (o_ref, S_ref), g_ref = value_and_grads(definition, every, False)
-        for chunk in (16, 4):
-            (o, S), g = value_and_grads(partial(chunked, chunk=chunk, **kw), dict(every, log_a=shared), False)
-            assert rel_err(o, o_ref) <= TOL and rel_err(S, S_ref) <= TOL, (chunk, kw)
-            g_ref_shared = dict(g_ref, log_a=g_ref["log_a"].sum(0, keepdims=True))
-            for name in g_ref:
-                assert rel_err(g[name], g_ref_shared[name]) <= TOL, (chunk, name, kw)
+    kw = {"read_at": jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])} if reads else {}
+    every = dict(x, log_a=jnp.broadcast_to(shared, (B, 13, H, 1)), state=x["state"] if from_state else None)
+    definition = partial(recurrent_read_at, **kw) if kw else recurrent
+    (o_ref, S_ref), g_ref = value_and_grads(definition, every, False)
+    g_ref = dict(g_ref, log_a=g_ref["log_a"].sum(0, keepdims=True))  # the shared decay's gradient: the batch's sum
+    for chunk in (16, 4):
+        (o, S), g = value_and_grads(partial(chunked, chunk=chunk, **kw), dict(every, log_a=shared), False)
+        assert rel_err(o, o_ref) <= TOL and rel_err(S, S_ref) <= TOL, chunk
+        for name in g_ref:
+            assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name)
 
 
 @slow  # 6 s; the quick subset continues from a state in test_continuing_from_a_state_equals_one_pass
