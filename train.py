@@ -38,7 +38,7 @@ def main(cfg: DictConfig) -> dict:
     from tmem.train.tracking import sweep_job
 
     try:
-        start(config.cluster)  # jax.distributed.initialize for cluster=multihost, before any backend starts
+        start(config)  # the CPU's devices and, for cluster=multihost, jax.distributed.initialize: before JAX starts
         summary = run(config, run_dir, resolved, sweep=sweep_job(hydra_cfg))
     except ConfigError as e:  # one the config cannot know before it sees the devices: a batch they do not divide
         if primary:

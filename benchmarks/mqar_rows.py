@@ -25,26 +25,14 @@ import time
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
-from mqar_speed import config, time_to_target  # noqa: E402
+from mqar_speed import compiled_step, config, time_to_target  # noqa: E402
 
-from tmem.train.build import build  # noqa: E402
-from tmem.train.step import make_train_step  # noqa: E402
+from tmem.train.cluster import start  # noqa: E402
 
 ROWS = ("softmax", "linear", "retnet", "mamba2", "deltanet", "gated_deltanet", "gla")
 # the speed issue's goals for a training step, as a multiple of softmax attention's
 STEP_GOAL = {"linear": 1.5, "retnet": 1.5, "mamba2": 1.5, "deltanet": 2.0, "gated_deltanet": 2.0, "gla": 2.0}
 TIME_GOAL = 3.0  # time to 99%, every row
-
-
-def compiled_step(cfg):
-    """The train step train.py runs, compiled, its state, and the compile time."""
-    t = cfg.train
-    graphdef, state, tx, schedule = build(cfg)
-    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch,
-                                   compute_dtype=t.compute_dtype), donate_argnums=0)
-    start = time.perf_counter()
-    compiled = step.lower(state).compile()
-    return compiled, state, time.perf_counter() - start
 
 
 def step_times(rows, overrides, steps: int, rounds: int) -> dict[str, dict]:
@@ -85,9 +73,10 @@ def main():
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")
     args = parser.parse_args()
     base = args.rows[0]
+    start(config(f"mixer={base}", *args.overrides)[0])  # the devices train.py would train the first row on
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-          f"{jax.devices()[0].platform}; job: {' '.join(args.overrides) or 'default'}")
+          f"{jax.device_count()} {jax.devices()[0].platform} devices; job: {' '.join(args.overrides) or 'default'}")
     speed = step_times(args.rows, args.overrides, args.steps, args.rounds)
     print(f"\n{'row':16s} {'step ms':>8s} {'x ' + base:>10s} {'goal':>6s} {'compile s':>10s}")
     for row, s in speed.items():

@@ -6,9 +6,11 @@
 All numbers come from one process, so their ratios hold on a shared, noisy
 machine. The persistent compilation cache is off: compile time counts.
 
-The step's FLOPs are tmem.flops' analytic count. XLA's cost analysis, printed
-beside it, counts the body of a loop once: one of the step's microbatches
-(lax.map), one chunk of a scan.
+The step runs on the devices train.py would train on (`cluster.cpu_devices`:
+one per core on a CPU; `JAX_NUM_CPU_DEVICES=1` for one). Its FLOPs are
+tmem.flops' analytic count, or "not counted" for the forms it refuses. XLA's
+cost analysis, printed beside it, counts one device's share and the body of a
+loop once: one of the step's microbatches (lax.map), one chunk of a scan.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from tmem.config import CONFIG_DIR, validate  # noqa: E402
 from tmem.flops import step_flops  # noqa: E402
+from tmem.mixers.flops import Uncounted  # noqa: E402
 from tmem.train.build import build  # noqa: E402
+from tmem.train.cluster import start  # noqa: E402
 from tmem.train.loop import run  # noqa: E402
+from tmem.train.mesh import data_mesh, replicated, split_batch  # noqa: E402
 from tmem.train.step import make_train_step  # noqa: E402
 
 
@@ -54,14 +59,27 @@ def matmul_rate(n: int = 1024, reps: int = 20, dtype: str = "float32") -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
+def compiled_step(cfg):
+    """The train step train.py runs (split over the devices as tmem.train.loop splits it), compiled, its state,
+    and the compile time. Call `start` first, as train.py does, for train.py's devices."""
+    t, mesh = cfg.train, data_mesh()
+    whole, place = replicated(mesh), split_batch(mesh)
+    graphdef, state, tx, schedule = build(cfg)
+    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch, place,
+                                   t.compute_dtype), donate_argnums=0, in_shardings=whole, out_shardings=whole)
+    began = time.perf_counter()
+    compiled = step.lower(state).compile()
+    return compiled, jax.device_put(state, whole), time.perf_counter() - began
+
+
 def step_throughput(cfg, steps: int = 300) -> dict:
     task, t = cfg.task, cfg.train
-    parts = step_flops(cfg)  # first: an option the count does not cover fails here, before anything compiles
-    graphdef, state, tx, schedule = build(cfg)  # what train.py runs
-    step = jax.jit(make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch), donate_argnums=0)
-    start = time.perf_counter()
-    compiled = step.lower(state).compile()
-    compile_s = time.perf_counter() - start
+    try:  # an option the count does not cover is said so, and the step is still timed
+        parts = step_flops(cfg)
+    except Uncounted as e:
+        print(f"step FLOPs not counted: {e}")
+        parts = None
+    compiled, state, compile_s = compiled_step(cfg)
     cost = compiled.cost_analysis()
     xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]  # loop bodies counted once
     for _ in range(20):
@@ -72,7 +90,8 @@ def step_throughput(cfg, steps: int = 300) -> dict:
         state, metrics = compiled(state)
     jax.block_until_ready(state)
     step_s = (time.perf_counter() - start) / steps
-    return {"compile_s": compile_s, "step_ms": 1e3 * step_s, "flops": parts.pop("total"), "xla_flops": xla_flops,
+    flops = None if parts is None else parts.pop("total")
+    return {"compile_s": compile_s, "step_ms": 1e3 * step_s, "flops": flops, "xla_flops": xla_flops,
             "flops_by_part": parts, "tokens_per_s": t.batch_size * task.seq_len / step_s, "steps_per_s": 1 / step_s}
 
 
@@ -90,25 +109,30 @@ def main():
     args = parser.parse_args()
 
     cfg, resolved = config(*args.overrides)
+    start(cfg)  # the devices train.py would train on
     rate = matmul_rate()
     speed = step_throughput(cfg)
     rate_after = matmul_rate()  # bracket the step timing: the machine is shared
     rate = max(rate, rate_after)
-    floor_ms = 1e3 * speed["flops"] / rate
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-          f"{jax.devices()[0].platform}")
+          f"{jax.device_count()} {jax.devices()[0].platform} devices")
     print(f"job: {' '.join(args.overrides) or 'default'}  (batch {cfg.train.batch_size}, T {cfg.task.seq_len})")
-    print(f"matmul rate            {rate / 1e9:8.1f} GFLOP/s (1024^3 float32)")
-    print(f"step FLOPs             {speed['flops'] / 1e9:8.3f} GFLOP (tmem.flops: forward, backward, AdamW)")
-    print("  by part              " + ", ".join(f"{name} {flops / speed['flops']:.1%}" for name, flops in
-                                               sorted(speed["flops_by_part"].items(), key=lambda kv: -kv[1])))
-    print(f"  XLA's cost analysis  {speed['xla_flops'] / 1e9:8.3f} GFLOP (counts a loop's body once: one microbatch, "
-          "one chunk's state pass)")
-    print(f"step FLOP floor        {floor_ms:8.2f} ms")
-    print(f"step time              {speed['step_ms']:8.2f} ms  ({speed['step_ms'] / floor_ms:.2f} x floor)")
+    print(f"matmul rate            {rate / 1e9:8.1f} GFLOP/s (1024^3 float32, one device)")
+    floor_ms = None
+    if speed["flops"] is not None:
+        floor_ms = 1e3 * speed["flops"] / rate
+        print(f"step FLOPs             {speed['flops'] / 1e9:8.3f} GFLOP (tmem.flops: forward, backward, AdamW)")
+        print("  by part              " + ", ".join(f"{name} {flops / speed['flops']:.1%}" for name, flops in
+                                                   sorted(speed["flops_by_part"].items(), key=lambda kv: -kv[1])))
+    print(f"  XLA's cost analysis  {speed['xla_flops'] / 1e9:8.3f} GFLOP (one device's share, a loop's body counted "
+          "once: one microbatch, one chunk's state pass)")
+    if floor_ms is not None:
+        print(f"step FLOP floor        {floor_ms:8.2f} ms")
+    print(f"step time              {speed['step_ms']:8.2f} ms" +
+          ("" if floor_ms is None else f"  ({speed['step_ms'] / floor_ms:.2f} x floor)"))
     print(f"throughput             {speed['steps_per_s']:8.1f} steps/s, {speed['tokens_per_s']:,.0f} tokens/s")
     print(f"compile                {speed['compile_s']:8.2f} s")
-    results = {"matmul_gflops": rate / 1e9, **speed, "floor_ms": floor_ms}
+    results = {"matmul_gflops": rate / 1e9, **speed, "floor_ms": floor_ms, "devices": jax.device_count()}
     if not args.skip_train:
         runs = []
         for seed in args.seeds:

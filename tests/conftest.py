@@ -94,6 +94,15 @@ def compose_config(overrides=(), config_name: str = "train"):
         return compose(config_name, overrides=list(overrides))
 
 
+def entry_devices(*overrides) -> int:
+    """How many CPU devices train.py trains this command's job on, here (cluster.cpu_devices=auto: one per core)."""
+    from tmem.config import validate
+    from tmem.train.cluster import cpu_devices, usable_cores
+
+    cfg = validate(compose_config(overrides))
+    return cpu_devices(cfg.cluster, cfg.train, usable_cores(), os.environ) or 1
+
+
 @pytest.fixture
 def tiny_cfg():
     """Compose TINY (or another base list) plus overrides into a validated Config and its resolved dict."""

@@ -1,4 +1,5 @@
-"""Many processes train one run: two train.py processes on localhost agree with one process.
+"""Many processes train one run: two train.py processes on localhost agree with one process. And one process
+trains on every core of a CPU, each a device (cluster.cpu_devices).
 
 Each process is a separate `python train.py cluster=multihost ...` with one
 CPU device, joined by jax.distributed over loopback (CPU collectives: gloo,
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, TINY, compose_config
 from tmem.config import ClusterConfig, ConfigError, validate
 from tmem.train import rundir
-from tmem.train.cluster import process_id
+from tmem.train.cluster import cpu_devices, process_id
 
 RUN = [*TINY, "model.depth=1", "train.microbatch=8", "train.steps=4", "train.log_every=2", "train.eval_every=4",
        "train.checkpoint_every=4", "train.diverge_factor=null"]
@@ -71,7 +72,26 @@ def test_the_rank_comes_from_the_config_or_the_environment(monkeypatch):
     assert process_id(ClusterConfig()) == 0  # a one-process run ignores the cluster around it
 
 
+def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
+    def devices(*overrides, cores=2, environ=None, cluster=ClusterConfig()):
+        train = validate(compose_config([*TINY, *overrides])).train  # a batch of 16, no slices
+        return cpu_devices(cluster, train, cores, environ or {})
+
+    assert devices() == 2 and devices(cores=1) == 1 and devices(cores=8) == 8
+    assert devices(cores=3) == 2  # 16 does not split three ways
+    assert devices("train.batch_size=12", "train.microbatch=6", cores=4) == 3  # the slice of 6 must split
+    assert devices(cluster=ClusterConfig(cpu_devices=4)) == 4  # asked for: more than the cores is allowed
+    assert devices(environ={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) == 2
+    for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):
+        assert devices(environ=given) is None and devices(environ=given, cluster=ClusterConfig(cpu_devices=2)) is None
+    assert devices(cluster=ClusterConfig(initialize=True)) is None  # each process keeps JAX's one CPU device
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (["cluster.cpu_devices=two"], "cluster.cpu_devices='two' must be a positive integer or auto"),
+    (["cluster.cpu_devices=0"], "cluster.cpu_devices=0 must be positive"),
+    ([*TINY, "cluster.cpu_devices=3"], "cluster.cpu_devices=3 does not divide train.batch_size=16"),
+    ([*TINY, "train.microbatch=8", "cluster.cpu_devices=16"], "does not divide train.microbatch=8"),
     (["cluster.process_id=2", "cluster.processes=2"], "cluster.process_id=2 must be in 0..cluster.processes-1"),
     (["cluster.coordinator=node0"], "cluster.coordinator='node0' must be host:port"),
     (["cluster.processes=0"], "cluster.processes=0 must be positive"),

@@ -147,9 +147,18 @@ class ClusterConfig:
     processes: int | None = None  # how many processes train the run
     process_id: int | None = None  # this process's rank, 0 to processes - 1
     timeout: int = 300  # seconds to wait for every process to join
+    # devices a CPU shows JAX when it is the platform: auto, one per core this process may use (as many as divide
+    # the batch's slices), so each core differentiates its share of a slice on its own, which on 2 cores trains
+    # the default job 10-30% faster than one device over both (BENCHMARKS.md); a number; JAX_NUM_CPU_DEVICES or
+    # XLA_FLAGS' --xla_force_host_platform_device_count, when set, win. A run on several processes keeps JAX's
+    # one CPU device each unless given a number.
+    cpu_devices: int | str = "auto"
 
     def __post_init__(self):
-        _positive(**{"cluster.processes": self.processes, "cluster.timeout": self.timeout})
+        if isinstance(self.cpu_devices, str) and self.cpu_devices != "auto":
+            raise ValueError(f"cluster.cpu_devices={self.cpu_devices!r} must be a positive integer or auto")
+        _positive(**{"cluster.processes": self.processes, "cluster.timeout": self.timeout},
+                  **({} if isinstance(self.cpu_devices, str) else {"cluster.cpu_devices": self.cpu_devices}))
         if self.process_id is not None and not 0 <= self.process_id < (self.processes or self.process_id + 1):
             raise ValueError(f"cluster.process_id={self.process_id} must be in 0..cluster.processes-1"
                              f" ({self.processes} processes)")
@@ -193,6 +202,13 @@ class TrainConfig:
         if isinstance(self.microbatch, int) and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
         _choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
+
+    @property
+    def slice_field(self) -> tuple[str, int]:
+        """The field that sizes what one step differentiates at once (the microbatch, or the batch), and its size."""
+        if isinstance(self.microbatch, int) and self.microbatch < self.batch_size:
+            return "train.microbatch", self.microbatch
+        return "train.batch_size", self.batch_size
 
 
 def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:
@@ -302,6 +318,10 @@ def _check_together(cfg: Config) -> None:
     if cfg.model.positions == "shortformer" and not cfg.mixer.takes_qk_positions:
         raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
                           "to add positions to; use learned or none")
+    name, size = cfg.train.slice_field
+    if isinstance(cfg.cluster.cpu_devices, int) and size % cfg.cluster.cpu_devices:
+        raise ConfigError(f"cluster.cpu_devices={cfg.cluster.cpu_devices} does not divide {name}={size}: give a "
+                          "divisor, or cluster.cpu_devices=auto")
 
 
 def register_bases() -> None:

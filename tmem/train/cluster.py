@@ -1,5 +1,7 @@
 """Many processes training one run: JAX's own multi-host set-up, and which process writes what.
 
+On a CPU, `start` first makes the cores devices of their own
+(`cluster.cpu_devices`), so one process trains data-parallel over them.
 With `cluster=multihost`, `train.py` calls `jax.distributed.initialize` once,
 before anything starts a JAX backend, so the same command runs under srun, a
 SLURM array job from Hydra's submitit launcher, or by hand on each host. The
@@ -16,7 +18,10 @@ ones) is process 0's, between two barriers.
 
 from __future__ import annotations
 
-from tmem.config import ClusterConfig, ConfigError
+import os
+from typing import Mapping
+
+from tmem.config import ClusterConfig, Config, ConfigError, TrainConfig
 
 
 def process_id(cfg: ClusterConfig) -> int:
@@ -48,19 +53,52 @@ def detected():
                 None)
 
 
-def start(cfg: ClusterConfig) -> None:
-    """Join the run's processes (once, before any JAX backend starts); nothing for a one-process run."""
-    if not cfg.initialize:
-        return
-    import jax
+def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ: Mapping[str, str]) -> int | None:
+    """How many devices the CPU should show JAX, or None to leave JAX's own count (the environment's, or one).
 
-    if jax.distributed.is_initialized():
+    `auto` gives one device per core up to the largest count that divides
+    every slice the step splits (the microbatch, or the batch): on a CPU the
+    step's operations are too small to keep two cores busy from one stream,
+    and two devices each running half a slice on their own core do.
+    """
+    if "JAX_NUM_CPU_DEVICES" in environ or "--xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
+        return None
+    if cluster.cpu_devices != "auto":
+        return cluster.cpu_devices  # validation checked that it divides the slices
+    if cluster.initialize:
+        return None
+    _, size = train.slice_field
+    return max(n for n in range(1, max(cores, 1) + 1) if size % n == 0)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset may narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def start(cfg: Config) -> None:
+    """Before any JAX backend starts: set how many devices the CPU shows, and join the run's processes.
+
+    Where a backend already runs (a notebook or a test that trained before), its
+    CPU devices stay as they are; a count asked for by number must match them.
+    """
+    import jax
+    from jax._src.xla_bridge import backends_are_initialized  # jax has no public test for a started backend
+
+    wanted = cpu_devices(cfg.cluster, cfg.train, usable_cores(), os.environ)
+    if wanted is not None and not backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", wanted)
+    elif wanted is not None and cfg.cluster.cpu_devices != "auto" and len(jax.devices("cpu")) != wanted:
+        raise ConfigError(f"cluster.cpu_devices={wanted}: JAX already started with {len(jax.devices('cpu'))} CPU "
+                          "devices in this process; set it before anything runs JAX")
+    cluster = cfg.cluster
+    if not cluster.initialize or jax.distributed.is_initialized():
         return
-    given = (cfg.coordinator, cfg.processes, cfg.process_id)
+    given = (cluster.coordinator, cluster.processes, cluster.process_id)
     if None in given and detected() is None:
         raise ConfigError("cluster=multihost found no cluster in the environment (SLURM, Open MPI, Cloud TPU): "
                           "set cluster.coordinator=host:port, cluster.processes and cluster.process_id")
-    jax.distributed.initialize(cfg.coordinator, cfg.processes, cfg.process_id, initialization_timeout=cfg.timeout)
+    jax.distributed.initialize(*given, initialization_timeout=cluster.timeout)
 
 
 def is_primary() -> bool:
