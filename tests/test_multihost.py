@@ -77,9 +77,13 @@ def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
         train = validate(compose_config([*TINY, *overrides])).train  # a batch of 16, no slices
         return cpu_devices(cluster, train, cores, environ or {})
 
-    assert devices() == 2 and devices(cores=1) == 1 and devices(cores=8) == 8
+    assert devices() == 2 and devices(cores=1) == 1
+    assert devices(cores=8) == 2  # shares of 8 examples at least
+    assert devices("train.batch_size=64", cores=16) == 4  # TINY's rows differentiate slices of 32
+    assert devices("train.batch_size=48", "train.microbatch=null", cores=16) == 6
     assert devices(cores=3) == 2  # 16 does not split three ways
-    assert devices("train.batch_size=12", "train.microbatch=6", cores=4) == 3  # the slice of 6 must split
+    assert devices("train.batch_size=48", "train.microbatch=24", cores=4) == 3  # the slice of 24 must split
+    assert devices("train.batch_size=12", "train.microbatch=6", cores=4) == 1  # shares of 3 and 2 are too small
     assert devices(cluster=ClusterConfig(cpu_devices=4)) == 4  # asked for: more than the cores is allowed
     assert devices(environ={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) == 2
     for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):

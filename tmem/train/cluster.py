@@ -23,6 +23,10 @@ from typing import Mapping
 
 from tmem.config import ClusterConfig, Config, ConfigError, TrainConfig
 
+# the smallest share of a slice `auto` gives a device: shares of 8 and up were measured faster on two devices than
+# whole slices on one (BENCHMARKS.md); smaller shares, on machines with more cores, were not measured
+MIN_SHARE = 8
+
 
 def process_id(cfg: ClusterConfig) -> int:
     """This process's rank, known before JAX starts: the run directory's claim and record are rank 0's.
@@ -56,10 +60,11 @@ def detected():
 def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ: Mapping[str, str]) -> int | None:
     """How many devices the CPU should show JAX, or None to leave JAX's own count (the environment's, or one).
 
-    `auto` gives one device per core up to the largest count that divides
-    every slice the step splits (the microbatch, or the batch): on a CPU the
-    step's operations are too small to keep two cores busy from one stream,
-    and two devices each running half a slice on their own core do.
+    `auto` gives one device per core, up to the largest count that divides
+    every slice the step splits (the microbatch, or the batch) into shares of
+    at least MIN_SHARE examples: on a CPU the step's operations are too small
+    to keep two cores busy from one stream, and two devices each running half
+    a slice on their own core do.
     """
     if "JAX_NUM_CPU_DEVICES" in environ or "--xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
         return None
@@ -68,7 +73,7 @@ def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ:
     if cluster.initialize:
         return None
     _, size = train.slice_field
-    return max(n for n in range(1, max(cores, 1) + 1) if size % n == 0)
+    return max(n for n in range(1, max(cores, 1) + 1) if size % n == 0 and (n == 1 or size // n >= MIN_SHARE))
 
 
 def usable_cores() -> int:
