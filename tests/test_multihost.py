@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, compose_config
-from tmem.config import ClusterConfig, ConfigError, validate
+from tmem.config import ClusterConfig, ConfigError, TrainConfig, validate
 from tmem.train import rundir
 from tmem.train.cluster import cpu_devices, process_id
 
@@ -73,17 +73,16 @@ def test_the_rank_comes_from_the_config_or_the_environment(monkeypatch):
 
 
 def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
-    def devices(*overrides, cores=2, environ=None, cluster=ClusterConfig()):
-        train = validate(compose_config([*TINY, *overrides])).train  # a batch of 16, no slices
-        return cpu_devices(cluster, train, cores, environ or {})
+    def devices(batch=16, microbatch=None, cores=2, environ=None, cluster=ClusterConfig()):
+        return cpu_devices(cluster, TrainConfig(batch_size=batch, microbatch=microbatch), cores, environ or {})
 
     assert devices() == 2 and devices(cores=1) == 1
     assert devices(cores=8) == 2  # shares of 8 examples at least
-    assert devices("train.batch_size=64", cores=16) == 4  # TINY's rows differentiate slices of 32
-    assert devices("train.batch_size=48", "train.microbatch=null", cores=16) == 6
+    assert devices(64, 32, cores=16) == 4 and devices(48, cores=16) == 6  # a slice of 32, or the whole batch
     assert devices(cores=3) == 2  # 16 does not split three ways
-    assert devices("train.batch_size=48", "train.microbatch=24", cores=4) == 3  # the slice of 24 must split
-    assert devices("train.batch_size=12", "train.microbatch=6", cores=4) == 1  # shares of 3 and 2 are too small
+    assert devices(48, 24, cores=4) == 3  # the slice of 24 must split
+    assert devices(12, 6, cores=4) == 1  # shares of 3 and 2 are too small
+    assert devices(16, 32, cores=2) == 2  # a microbatch above the batch is no slice
     assert devices(cluster=ClusterConfig(cpu_devices=4)) == 4  # asked for: more than the cores is allowed
     assert devices(environ={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) == 2
     for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):
