@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, TINY, compose_config
 from tmem.config import ClusterConfig, ConfigError, TrainConfig, validate
 from tmem.train import rundir
-from tmem.train.cluster import cpu_devices, process_id
+from tmem.train.cluster import cpu_devices, process_id, start
 
 RUN = [*TINY, "model.depth=1", "train.microbatch=8", "train.steps=4", "train.log_every=2", "train.eval_every=4",
        "train.checkpoint_every=4", "train.diverge_factor=null"]
@@ -88,6 +88,19 @@ def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
     for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):
         assert devices(environ=given) is None and devices(environ=given, cluster=ClusterConfig(cpu_devices=2)) is None
     assert devices(cluster=ClusterConfig(initialize=True)) is None  # each process keeps JAX's one CPU device
+
+
+def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch):
+    import dataclasses
+
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    cfg = validate(compose_config([*TINY, "train.batch_size=64", "train.microbatch=null"]))
+    have = len(jax.devices("cpu"))  # this process's backend runs
+    start(cfg)  # auto: a preference, left as it is
+    start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=have)))
+    with pytest.raises(ConfigError, match=f"cluster.cpu_devices={2 * have}: JAX already started with {have} CPU"):
+        start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=2 * have)))
 
 
 @pytest.mark.parametrize("overrides, message", [
