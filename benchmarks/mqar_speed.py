@@ -36,9 +36,8 @@ from tmem.flops import step_flops  # noqa: E402
 from tmem.mixers.flops import Uncounted  # noqa: E402
 from tmem.train.build import build  # noqa: E402
 from tmem.train.cluster import start  # noqa: E402
-from tmem.train.loop import run  # noqa: E402
-from tmem.train.mesh import data_mesh, replicated, split_batch  # noqa: E402
-from tmem.train.step import make_train_step  # noqa: E402
+from tmem.train.loop import data_parallel_step, run  # noqa: E402
+from tmem.train.mesh import data_mesh, replicated  # noqa: E402
 
 
 def config(*overrides):
@@ -60,16 +59,14 @@ def matmul_rate(n: int = 1024, reps: int = 20, dtype: str = "float32") -> float:
 
 
 def compiled_step(cfg):
-    """The train step train.py runs (split over the devices as tmem.train.loop splits it), compiled, its state,
-    and the compile time. Call `start` first, as train.py does, for train.py's devices."""
-    t, mesh = cfg.train, data_mesh()
-    whole, place = replicated(mesh), split_batch(mesh)
+    """The train step train.py runs (tmem.train.loop's, over every device), compiled, its state, and the compile
+    time. Call `start` first, as train.py does, for train.py's devices."""
+    mesh = data_mesh()
     graphdef, state, tx, schedule = build(cfg)
-    step = jax.jit(make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch, place,
-                                   t.compute_dtype), donate_argnums=0, in_shardings=whole, out_shardings=whole)
+    step = data_parallel_step(cfg, graphdef, tx, schedule, mesh)
     began = time.perf_counter()
     compiled = step.lower(state).compile()
-    return compiled, jax.device_put(state, whole), time.perf_counter() - began
+    return compiled, jax.device_put(state, replicated(mesh)), time.perf_counter() - began
 
 
 def step_throughput(cfg, steps: int = 300) -> dict:

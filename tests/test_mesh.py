@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from tmem.config import TrainConfig
 from tmem.train.mesh import check_divisible, data_mesh, describe, split_batch
 
 TWO_DEVICES = r"""
@@ -129,11 +130,14 @@ def test_a_batch_the_devices_do_not_divide_is_one_line_before_anything_is_built(
 
 
 def test_divisibility_is_checked_on_the_slice_that_is_split():
-    assert check_divisible(1, 15, None) is None
-    assert check_divisible(4, 64, 32) is None
-    assert "train.batch_size=30 " in check_divisible(4, 30, None)
-    assert "train.batch_size=30 " in check_divisible(4, 30, 32)  # a microbatch above the batch is no slice
-    assert "train.microbatch=6 " in check_divisible(4, 48, 6)  # 48 divides, its slices of 6 do not
+    def check(devices, batch_size, microbatch):
+        return check_divisible(devices, TrainConfig(batch_size=batch_size, microbatch=microbatch))
+
+    assert check(1, 15, None) is None
+    assert check(4, 64, 32) is None
+    assert "train.batch_size=30 " in check(4, 30, None)
+    assert "train.batch_size=30 " in check(4, 30, 32)  # a microbatch above the batch is no slice
+    assert "train.microbatch=6 " in check(4, 48, 6)  # 48 divides, its slices of 6 do not
 
 
 def test_one_device_places_nothing_and_names_its_mesh():

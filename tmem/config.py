@@ -149,7 +149,7 @@ class ClusterConfig:
     timeout: int = 300  # seconds to wait for every process to join
     # devices a CPU shows JAX when it is the platform: auto, one per core this process may use (as many as split
     # the batch's slices into shares of 8 or more), so each core differentiates its share of a slice on its own,
-    # which on 2 cores makes the default job's step 10-20% faster than one device over both (BENCHMARKS.md); or
+    # which on 2 cores makes the default job's step 2-19% faster than one device over both (BENCHMARKS.md); or
     # a number. JAX_NUM_CPU_DEVICES or XLA_FLAGS' --xla_force_host_platform_device_count, when set, win. A run
     # on several processes keeps JAX's one CPU device each unless given a number.
     cpu_devices: int | str = "auto"

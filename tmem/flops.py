@@ -106,7 +106,7 @@ def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
 
 def microbatches(train) -> int:
     """How many slices tmem.train.step.make_gradients differentiates the batch in, one after another."""
-    return train.batch_size // train.microbatch if train.microbatch and train.microbatch < train.batch_size else 1
+    return train.batch_size // train.slice_field[1]
 
 
 def scored_positions(task) -> int | None:

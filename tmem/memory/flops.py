@@ -289,7 +289,7 @@ def ttt_step(BH: int, b: int, d: int) -> int:
 
 
 # the gradient memory (tmem.memory.gradient) per element: autodiff's gradient of 1/2 ||LN(z) - t||^2 with respect to
-# z (forward, and backward to z, t and the LN's scale and bias); GELU (the tanh form, as tmem.mixers.flops.GELU), and GELU
+# z (forward, and backward to z, t and the LN's scale and bias); GELU (the tanh form, the MLPs' too), and GELU
 # with its derivative times the incoming gradient (a hidden layer's delta), forward and backward
 INNER_LOSS_GRAD, GELU, GELU_AND_DERIVATIVE = (20, 42), (8, 15), (23, 54)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tmem.memory.flops import cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual
+from tmem.memory.flops import GELU, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.hopfield import HopfieldConfig
@@ -40,7 +40,6 @@ SILU = (4, 6)
 SIGMOID = (3, 3)
 SOFTPLUS = (6, 6)
 LOG_SIGMOID = (8, 9)
-GELU = (8, 15)
 SOFTMAX = (4, 6)
 L2_NORMALIZE = (3, 5)  # fast_weight._l2_normalize and its written-out backward
 L2_UNIT = (3, 8)  # attention._unit, differentiated by XLA

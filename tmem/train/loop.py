@@ -71,6 +71,15 @@ def run(cfg: Config, run_dir: Path, resolved: dict, sweep: dict | None = None) -
         return trainer.fit(stop)
 
 
+def data_parallel_step(cfg: Config, graphdef, tx, schedule, mesh):
+    """The train step jitted as a run trains it (and the benchmarks time it): the state replicated over `mesh`,
+    each sampled batch or slice split along its `data` axis, the state donated."""
+    t, whole = cfg.train, replicated(mesh)
+    step = make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch, split_batch(mesh),
+                           t.compute_dtype)
+    return jax.jit(step, donate_argnums=0, in_shardings=whole, out_shardings=whole)
+
+
 class Trainer:
     """One training session on a run directory (a fresh run or a resumed one).
 
@@ -82,7 +91,7 @@ class Trainer:
         self.cfg, self.run_dir, t = cfg, run_dir, cfg.train
         task = cfg.task
         self.mesh = data_mesh()
-        problem = check_divisible(self.mesh.size, t.batch_size, t.microbatch)
+        problem = check_divisible(self.mesh.size, t)
         if problem:  # before anything compiles
             raise ConfigError(problem)
         print(describe(self.mesh, t.batch_size))
@@ -123,8 +132,7 @@ class Trainer:
         self.tracker = Tracker(logger, run_dir, name=session, group=group, config=tracked)
         self.tracker.summary({"parameters": self.n_params})
 
-        step = make_train_step(graphdef, task, tx, t.batch_size, schedule, t.microbatch, place, t.compute_dtype)
-        self.train_step = jax.jit(step, donate_argnums=0, in_shardings=whole, out_shardings=whole)
+        self.train_step = data_parallel_step(cfg, graphdef, tx, schedule, self.mesh)
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}
         self.shown: dict = {}  # the progress bar's training figures

@@ -58,14 +58,14 @@ def split_batch(mesh: Mesh) -> Callable[[Any], Any]:
     return place
 
 
-def check_divisible(devices: int, batch_size: int, microbatch: int | None) -> str | None:
-    """One line when the batch (or each microbatch slice) cannot be split evenly over the devices, else None.
+def check_divisible(devices: int, train) -> str | None:
+    """One line when the batch (or each microbatch slice) of `train` (a TrainConfig) cannot be split evenly over
+    the devices, else None.
 
     Every slice the step samples is split along `data` as a whole, so it is the
     slice (train.microbatch when it is below train.batch_size) that must divide.
     """
-    sliced = microbatch is not None and microbatch < batch_size
-    size, name = (microbatch, "train.microbatch") if sliced else (batch_size, "train.batch_size")
+    name, size = train.slice_field
     if size % devices == 0:
         return None
     return (f"{name}={size} does not split evenly over the {devices} devices of the data mesh: choose a multiple "
