@@ -9,8 +9,8 @@ update, tests/test_train.py), so the fastest slice is a row's own default,
 `train.microbatch=auto`. Every (row, size) pair is compiled first and then
 timed in turns, as in mqar_rows.py, so a load that comes and goes falls on all
 of them alike. A size at or above the batch is the whole batch at once. The
-devices are those train.py trains the default job on (`cluster.cpu_devices`);
-`JAX_NUM_CPU_DEVICES=1` times each row on one.
+devices are those train.py trains the default job on (`cluster.cpu_devices`:
+one by default; `cluster.cpu_devices=auto` times each row on one per core).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")
     args = parser.parse_args()
-    start(config(*args.overrides)[0])  # the devices train.py would train the default job on (JAX_NUM_CPU_DEVICES wins)
+    start(config(*args.overrides)[0])  # the devices train.py would train the default job on
 
     cfgs = {(row, size): config(f"mixer={row}", *args.overrides, f"train.microbatch={size}")[0]
             for row in args.rows for size in args.sizes}

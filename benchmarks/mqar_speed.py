@@ -7,7 +7,7 @@ All numbers come from one process, so their ratios hold on a shared, noisy
 machine. The persistent compilation cache is off: compile time counts.
 
 The step runs on the devices train.py would train on (`cluster.cpu_devices`:
-one per core on a CPU; `JAX_NUM_CPU_DEVICES=1` for one). Its FLOPs are
+one by default; `cluster.cpu_devices=auto`, one per core). Its FLOPs are
 tmem.flops' analytic count, or "not counted" for the forms it refuses. XLA's
 cost analysis, printed beside it, counts one device's share and the body of a
 loop once: one of the step's microbatches (lax.map), one chunk of a scan.

@@ -95,7 +95,7 @@ def compose_config(overrides=(), config_name: str = "train"):
 
 
 def entry_devices(*overrides) -> int:
-    """How many CPU devices train.py trains this command's job on, here (cluster.cpu_devices=auto: one per core)."""
+    """How many CPU devices train.py trains this command's job on, here (cluster.cpu_devices)."""
     from tmem.config import validate
     from tmem.train.cluster import cpu_devices, usable_cores
 

@@ -73,7 +73,7 @@ def test_the_rank_comes_from_the_config_or_the_environment(monkeypatch):
 
 
 def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
-    def devices(batch=16, microbatch=None, cores=2, environ=None, cluster=ClusterConfig()):
+    def devices(batch=16, microbatch=None, cores=2, environ=None, cluster=ClusterConfig(cpu_devices="auto")):
         return cpu_devices(cluster, TrainConfig(batch_size=batch, microbatch=microbatch), cores, environ or {})
 
     assert devices() == 2 and devices(cores=1) == 1
@@ -87,7 +87,8 @@ def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
     assert devices(environ={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) == 2
     for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):
         assert devices(environ=given) is None and devices(environ=given, cluster=ClusterConfig(cpu_devices=2)) is None
-    assert devices(cluster=ClusterConfig(initialize=True)) is None  # each process keeps JAX's one CPU device
+    assert devices(cluster=ClusterConfig(initialize=True, cpu_devices="auto")) is None  # JAX's one CPU device each
+    assert devices(cluster=ClusterConfig()) == 1  # the default: one device, as JAX gives
 
 
 def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch):
@@ -97,7 +98,7 @@ def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch)
     monkeypatch.setenv("XLA_FLAGS", "")
     cfg = validate(compose_config([*TINY, "train.batch_size=64", "train.microbatch=null"]))
     have = len(jax.devices("cpu"))  # this process's backend runs
-    start(cfg)  # auto: a preference, left as it is
+    start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices="auto")))  # auto: a preference, left as it is
     start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=have)))
     with pytest.raises(ConfigError, match=f"cluster.cpu_devices={2 * have}: JAX already started with {have} CPU"):
         start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=2 * have)))

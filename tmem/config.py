@@ -147,12 +147,14 @@ class ClusterConfig:
     processes: int | None = None  # how many processes train the run
     process_id: int | None = None  # this process's rank, 0 to processes - 1
     timeout: int = 300  # seconds to wait for every process to join
-    # devices a CPU shows JAX when it is the platform: auto, one per core this process may use (as many as split
-    # the batch's slices into shares of 8 or more), so each core differentiates its share of a slice on its own,
-    # which on 2 cores makes the default job's step 2-19% faster than one device over both (BENCHMARKS.md); or
-    # a number. JAX_NUM_CPU_DEVICES or XLA_FLAGS' --xla_force_host_platform_device_count, when set, win. A run
-    # on several processes keeps JAX's one CPU device each unless given a number.
-    cpu_devices: int | str = "auto"
+    # devices a CPU shows JAX when it is the platform: 1 (JAX's own), a number, or auto: one per core this process
+    # may use (as many as split the batch's slices into shares of 8 or more), so each core differentiates its
+    # share of a slice on its own, which on 2 cores makes the default job's step 2-19% faster than one device
+    # over both. Not the default: XLA's CPU collectives can deadlock a step on several devices, and do on MAD's
+    # compression job (BENCHMARKS.md, "Every core a device"). JAX_NUM_CPU_DEVICES or XLA_FLAGS'
+    # --xla_force_host_platform_device_count, when set, win. A run on several processes keeps JAX's one CPU
+    # device each unless given a number.
+    cpu_devices: int | str = 1
 
     def __post_init__(self):
         if isinstance(self.cpu_devices, str) and self.cpu_devices != "auto":
