@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, compose_config
+from conftest import ROOT, TINY, compose_config, run_entry
 from tmem.config import ClusterConfig, ConfigError, TrainConfig, validate
 from tmem.train import rundir
 from tmem.train.cluster import cpu_devices, process_id, start
@@ -89,6 +89,14 @@ def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
         assert devices(environ=given) is None and devices(environ=given, cluster=ClusterConfig(cpu_devices=2)) is None
     assert devices(cluster=ClusterConfig(initialize=True, cpu_devices="auto")) is None  # JAX's one CPU device each
     assert devices(cluster=ClusterConfig()) == 1  # the default: one device, as JAX gives
+
+
+@pytest.mark.slow  # 8 s: a tiny run
+def test_train_py_trains_on_the_cpu_devices_it_is_asked_for(tmp_path):
+    done = run_entry("train.py", *TINY, "cluster.cpu_devices=2", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["devices"] == 2
+    assert "mesh: 2 cpu devices on the data axis" in done.stdout
 
 
 def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch):
