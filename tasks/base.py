@@ -49,6 +49,8 @@ class Task(Protocol):
 
     # Optional: `sample_heldout(key, batch_size)`, the held-out examples when they differ from training ones
     # (MAD's test sets score fewer positions, and fuzzy recall's test keys are always of the longest length).
+    # Optional: `examples(keys)`, one example per key, where `sample(key, n)` is `examples(split(key, n))`: each
+    # device of a data mesh then draws only its share of a batch (tasks.examples.draw_share).
 
     def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
 
@@ -62,7 +64,8 @@ class Options:
 
 
 class TokenTask(Options):
-    """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example`."""
+    """Shared by token tasks whose examples are drawn independently: `sample` vmaps `_example` over keys split from
+    the batch's key, so any rows of a batch can be drawn alone (`examples`)."""
 
     input_kind = "tokens"
     layout = "causal"
@@ -73,7 +76,10 @@ class TokenTask(Options):
         return self.vocab
 
     def sample(self, key: jax.Array, batch_size: int) -> Batch:
-        return jax.vmap(self._example)(jax.random.split(key, batch_size))
+        return self.examples(jax.random.split(key, batch_size))
+
+    def examples(self, keys: jax.Array) -> Batch:
+        return jax.vmap(self._example)(keys)
 
 
 def check(*conditions: tuple[bool, str]) -> None:

@@ -40,9 +40,6 @@ class MadTask(TokenTask):
     higher_is_better = True
     default_target = 0.999  # MAD stops a run at this test accuracy
 
-    def sample(self, key: jax.Array, batch_size: int) -> Batch:
-        return jax.vmap(self._example)(jax.random.split(key, batch_size))
-
     def sample_heldout(self, key: jax.Array, batch_size: int) -> Batch:
         return jax.vmap(functools.partial(self._example, test=True))(jax.random.split(key, batch_size))
 

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from tasks import TASKS, Cursor, draw
+from tasks import TASKS, Cursor, draw, draw_share
 from tasks.examples import permuted, split
 from tasks.linreg import LinReg
 from tasks.memorize import Memorize
+from tasks.mad_compression import Compression
 from tasks.mqar import MQAR
 from tmem.config import ConfigError, validate
 
@@ -28,6 +29,27 @@ def test_each_epoch_order_is_a_permutation():
         np.testing.assert_array_equal(np.sort(x), np.arange(n))
         np.testing.assert_array_equal(np.sort(y), np.arange(n))
     assert not np.array_equal(a[2], b[2]) and not np.array_equal(a[2], np.arange(1000))  # keyed, and shuffled
+
+
+def test_each_device_draws_its_own_share_of_a_batch():
+    """The shares a data mesh's devices draw, put back together, are the batch one device draws: from a fixed set's
+    positions, from a token task's own keys, and cut from the whole batch for a task with neither."""
+    key = jax.random.key(3)
+    sources = [
+        (MQAR(vocab=32, seq_len=16, num_kv_pairs=2), key),
+        (Compression(vocab=8, seq_len=8), key),  # a MAD task: the examples of its keys
+        (MQAR(vocab=32, seq_len=16, num_kv_pairs=2, train_examples=6), Cursor(jax.random.key_data(key), jnp.int32(5))),
+        (LinReg(dim=3, num_examples=4), key),  # neither: every device draws the batch and keeps its rows
+        (Memorize(num_facts=64, num_values=8, seq_len=4), key),
+    ]
+    for task, source in sources:
+        whole = draw(task, source, 12)
+        share = jax.jit(lambda i, task=task, source=source: draw_share(task, source, 12, i, 3))
+        put_back = [share(i) for i in range(3)]
+        for name, leaf in whole.__dict__.items():
+            if isinstance(leaf, jax.Array):
+                got = np.concatenate([np.asarray(getattr(b, name)) for b in put_back])
+                np.testing.assert_array_equal(got, np.asarray(leaf), err_msg=f"{type(task).__name__} {name}")
 
 
 def test_a_fixed_set_repeats_its_examples_epoch_after_epoch():

@@ -6,9 +6,9 @@ With `cluster=multihost`, `train.py` calls `jax.distributed.initialize` once,
 before anything starts a JAX backend, so the same command runs under srun, a
 SLURM array job from Hydra's submitit launcher, or by hand on each host. The
 data mesh (tmem.train.mesh) then spans every process's devices and each step
-is one SPMD program: every process samples the same global batch from the
-same key, inside the jitted step, and keeps only its devices' part of it, so
-no batch is ever sent between hosts.
+is one SPMD program: each device samples its own share of the global batch
+from the same key, inside the jitted step (tasks.draw_share), so no batch is
+ever sent between hosts, only the summed gradients.
 
 Process 0 alone claims the run directory, writes summary.json and keeps the
 wandb run; orbax saves and loads checkpoints from every process together, and

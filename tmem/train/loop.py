@@ -20,7 +20,7 @@ from tmem.model import count_params
 from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.cluster import is_primary
-from tmem.train.mesh import check_divisible, data_mesh, describe, replicated, split_batch
+from tmem.train.mesh import check_divisible, data_mesh, describe, replicated
 from tmem.train.step import chance_loss, make_eval, make_train_step
 from tmem.train.tracking import Tracker, group_and_config
 
@@ -73,9 +73,9 @@ def run(cfg: Config, run_dir: Path, resolved: dict, sweep: dict | None = None) -
 
 def data_parallel_step(cfg: Config, graphdef, tx, schedule, mesh):
     """The train step jitted as a run trains it (and the benchmarks time it): the state replicated over `mesh`,
-    each sampled batch or slice split along its `data` axis, the state donated."""
+    each device differentiating its share of every batch or slice, the state donated."""
     t, whole = cfg.train, replicated(mesh)
-    step = make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch, split_batch(mesh),
+    step = make_train_step(graphdef, cfg.task, tx, t.batch_size, schedule, t.microbatch, mesh,
                            t.compute_dtype)
     return jax.jit(step, donate_argnums=0, in_shardings=whole, out_shardings=whole)
 
@@ -95,13 +95,13 @@ class Trainer:
         if problem:  # before anything compiles
             raise ConfigError(problem)
         print(describe(self.mesh, t.batch_size))
-        whole, place = replicated(self.mesh), split_batch(self.mesh)
+        whole = replicated(self.mesh)
         built = build(cfg)
         self.n_params = count_params(built.model)
         graphdef, state, tx, schedule = built
         self.state = jax.device_put(state, whole)
         del built, state  # their arrays now live in self.state, which the step donates
-        self._evaluate = jax.jit(make_eval(graphdef, task, place=place, compute_dtype=t.compute_dtype),
+        self._evaluate = jax.jit(make_eval(graphdef, task, mesh=self.mesh, compute_dtype=t.compute_dtype),
                                  out_shardings=whole)
         self.heldout = jax.jit(lambda: heldout(task), out_shardings=whole)()
         # a run has diverged when its held-out loss stays far above both chance and where it started (a large

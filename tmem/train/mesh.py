@@ -1,12 +1,18 @@
 """Data parallelism with JAX's own sharding: one mesh axis, `data`, over the devices a run uses.
 
-The train state is replicated on every device and each batch is split along
-`data` by its examples; XLA then inserts the one all-reduce of the gradients
-that data parallelism needs. The batch is sampled exactly as on one device
-(the same keys, the same microbatch slices) and only then placed, so a run's
-numbers do not depend on how many devices trained it, up to the order of a
-float sum. No layer of tmem's own: a `jax.sharding.Mesh`, `NamedSharding`s,
-and `jax.jit` with in and out shardings.
+The train state is replicated on every device. In a step each device draws
+and differentiates only its share of every batch (`summed_over_devices`, a
+`jax.shard_map`): the same examples as on one device (the same keys, the same
+microbatch slices, tasks.draw_share), so a run's numbers do not depend on how
+many devices trained it, up to the order of a float sum. The devices' sums
+meet in one all-reduce per step. One is what data parallelism needs, and more
+is a hazard on a CPU: there XLA runs independent collectives of a program in
+any order, each device's thread blocking in the one it reached, so two
+devices that reach two collectives in opposite orders wait on each other for
+ever (MAD's compression job did, when XLA's own partitioner split its steps:
+a loop's condition over the split batch and the loss's denominator were two).
+No layer of tmem's own: a `jax.sharding.Mesh`, `NamedSharding`s, `jax.jit`
+with in and out shardings, and `jax.shard_map` with one `psum`.
 """
 
 from __future__ import annotations
@@ -35,27 +41,27 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def split_batch(mesh: Mesh) -> Callable[[Any], Any]:
-    """batch -> the same batch placed split along `data` by its first axis, for use inside jit.
+def summed_over_devices(mesh: Mesh | None, local: Callable[..., Any]) -> Callable[..., Any]:
+    """(*args) -> the sum over the devices of `local(*args, device, devices)`, in one all-reduce.
 
-    Leaves whose first axis is not the batch's (none today; a task's `meta` may
-    add some) stay replicated, and so does a batch the devices do not divide
-    (an evaluation chunk; training batches are checked by `check_divisible`
-    before anything compiles). On a one-device mesh this is the identity, so a
-    single device compiles the program it always did.
+    Every device runs `local` on the same replicated `args` and its own index
+    along `data`, so `local` picks its share of the work (tasks.draw_share);
+    a gradient it takes stays this device's own, and every output is summed
+    by one `psum` of them all. With no mesh, or one device, it is
+    `local(*args, 0, 1)`: the program one device always ran.
+
+    JAX's check of which values vary over `data` is off: with it on, jax
+    0.12 cannot trace the exact GELU (its erfc polynomial rejects a varying
+    argument), and a gradient of a replicated argument would be summed over
+    the devices where it is taken, one all-reduce per parameter.
     """
-    if mesh.size == 1:
-        return lambda batch: batch
-    by_example = NamedSharding(mesh, PartitionSpec(DATA))
+    if mesh is None or mesh.size == 1:
+        return lambda *args: local(*args, 0, 1)
 
-    def place(batch):
-        n = batch.inputs.shape[0]
-        if n % mesh.size:
-            return batch
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, by_example)
-                            if x.ndim and x.shape[0] == n else x, batch)
+    def on_each(*args):
+        return jax.lax.psum(local(*args, jax.lax.axis_index(DATA), mesh.size), DATA)
 
-    return place
+    return jax.shard_map(on_each, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)
 
 
 def check_divisible(devices: int, train) -> str | None:
