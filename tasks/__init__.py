@@ -1,7 +1,7 @@
 """Synthetic tasks. Adding one is a module here and one line in TASKS."""
 
 from tasks.base import Batch, Task, heldout, token_loss
-from tasks.examples import Cursor, draw, draw_share, share
+from tasks.examples import Cursor, draw, draw_rows, rows
 from tasks.linreg import LinReg
 from tasks.mad_compression import Compression
 from tasks.mad_fuzzy_recall import FuzzyInContextRecall
@@ -32,4 +32,4 @@ TASKS: dict[str, type] = {
     "mad_memorization": Memorization,
 }
 
-__all__ = ["Batch", "Cursor", "Task", "TASKS", "draw", "draw_share", "heldout", "share", "token_loss"]
+__all__ = ["Batch", "Cursor", "Task", "TASKS", "draw", "draw_rows", "heldout", "rows", "token_loss"]

@@ -50,7 +50,7 @@ class Task(Protocol):
     # Optional: `sample_heldout(key, batch_size)`, the held-out examples when they differ from training ones
     # (MAD's test sets score fewer positions, and fuzzy recall's test keys are always of the longest length).
     # Optional: `examples(keys)`, one example per key, where `sample(key, n)` is `examples(split(key, n))`: each
-    # device of a data mesh then draws only its share of a batch (tasks.examples.draw_share).
+    # device of a data mesh then draws only its share of a batch (tasks.examples.draw_rows).
 
     def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
 

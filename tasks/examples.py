@@ -40,40 +40,29 @@ def draw(task, source, n: int):
     return task.sample(source, n)
 
 
-def share(batch, index, parts: int):
-    """Rows [index * m, (index + 1) * m) of a batch of n = parts * m examples (`index` may be traced).
-
-    Leaves whose first axis is not the batch's (a task's `meta` may have some) are kept whole.
-    """
+def rows(batch, start, count: int):
+    """Rows [start, start + count) of a batch (`start` may be traced); leaves whose first axis is not the batch's
+    (a task's `meta` may have some) are kept whole."""
     n = batch.inputs.shape[0]
-    m = n // parts
-    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, index * m, m) if x.ndim and x.shape[0] == n
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, count) if x.ndim and x.shape[0] == n
                         else x, batch)
 
 
-def draw_share(task, source, n: int, index, parts: int):
-    """Share `index` of `parts` of `draw(task, source, n)`: the same examples, made without the others where the
-    task allows (a fixed set's positions, or a task's `examples` of its own keys), else cut from the whole batch.
+def draw_rows(task, source, n: int, start, count: int):
+    """Rows [start, start + count) of `draw(task, source, n)` (`start` may be traced): the same examples, made
+    without the others where the task allows (a fixed set's positions, or a task's `examples` of its own keys),
+    else cut from the whole batch.
 
-    A device of a data mesh draws its share of every batch this way, so the examples do not depend on how many
-    devices trained a run.
+    Each device of a data mesh draws its share of every microbatch slice this way, so the examples of a step
+    depend neither on how many devices train it nor on its microbatch.
     """
-    if parts == 1:
+    if count == n:
         return draw(task, source, n)
-    m = n // parts
     if isinstance(source, Cursor):
-        return fixed_examples(task, Cursor(source.key, source.start + index * m), m)
+        return fixed_examples(task, Cursor(source.key, source.start + start), count)
     if hasattr(task, "examples"):
-        return task.examples(jax.lax.dynamic_slice_in_dim(jax.random.split(source, n), index * m, m))
-    return share(task.sample(source, n), index, parts)
-
-
-def split(source, parts: int, size: int):
-    """The sources of `parts` consecutive slices of `size` examples each (the microbatches of one step)."""
-    if isinstance(source, Cursor):
-        return Cursor(key=jnp.broadcast_to(source.key, (parts, *source.key.shape)),
-                      start=source.start + size * jnp.arange(parts, dtype=jnp.int32))
-    return jax.random.split(source, parts)
+        return task.examples(jax.lax.dynamic_slice_in_dim(jax.random.split(source, n), start, count))
+    return rows(task.sample(source, n), start, count)
 
 
 def example_indices(key: jax.Array, size: int, positions: jax.Array) -> jax.Array:

@@ -35,7 +35,7 @@ from tmem.train.mesh import data_mesh, describe, replicated
 from tmem.train.step import make_eval, make_train_step
 
 tmp = Path(sys.argv[1])
-cfg = validate(compose_config([*TINY, "model.depth=1", "train.microbatch=8"]))  # two slices of 8, each split 4 and 4
+cfg = validate(compose_config([*TINY, "model.depth=1", "train.microbatch=4"]))  # on two devices, two slices of 4 each
 t = cfg.train
 one, two = data_mesh(jax.devices()[:1]), data_mesh()
 out = {"device_count": jax.device_count(), "describe": describe(two, t.batch_size)}
@@ -105,7 +105,7 @@ for saved, mesh, restored_on, name in ((state2, two, one, "2to1"), (state1, one,
     out[f"restore_{name}_step"] = int(back.step)
 
 # a batch slice the devices do not divide: one clear line, before anything is built or compiled
-odd = validate(compose_config([*TINY, "train.batch_size=18", "train.microbatch=9"]))
+odd = validate(compose_config([*TINY, "train.batch_size=18", "train.microbatch=6"]))
 try:
     Trainer(odd, tmp / "odd", {})
 except ConfigError as e:
@@ -157,20 +157,24 @@ def test_checkpoints_restore_under_another_device_layout(two_devices):
 @pytest.mark.slow  # one subprocess of its own with 2 devices, shared by these three
 def test_a_batch_the_devices_do_not_divide_is_one_line_before_anything_is_built(two_devices):
     assert two_devices["odd_error"] == (
-        "train.microbatch=9 does not split evenly over the 2 devices of the data mesh: choose a multiple of 2, or "
-        "limit the devices the run sees (CUDA_VISIBLE_DEVICES, JAX_PLATFORMS=cpu)")
+        "train.microbatch=6 does not divide the 9 examples each of 2 devices gets of train.batch_size=18 of the data "
+        "mesh: change it, or limit the devices the run sees (CUDA_VISIBLE_DEVICES, JAX_PLATFORMS=cpu)")
     assert two_devices["odd_wrote"] == []
 
 
-def test_divisibility_is_checked_on_the_slice_that_is_split():
+def test_each_device_gets_equal_shares_of_each_slice():
     def check(devices, batch_size, microbatch):
         return check_divisible(devices, TrainConfig(batch_size=batch_size, microbatch=microbatch))
 
-    assert check(1, 15, None) is None
-    assert check(4, 64, 32) is None
+    def split(devices, batch_size, microbatch):
+        return TrainConfig(batch_size=batch_size, microbatch=microbatch).split(devices)
+
+    assert check(1, 15, None) is None and split(1, 15, None) == (1, 15)
+    assert check(4, 64, 32) is None and split(4, 64, 32) == (1, 16)  # the microbatch caps a device's share
+    assert split(1, 64, 16) == (4, 16) and split(2, 64, 16) == (2, 16)  # the same share on any number of devices
     assert "train.batch_size=30 " in check(4, 30, None)
     assert "train.batch_size=30 " in check(4, 30, 32)  # a microbatch above the batch is no slice
-    assert "train.microbatch=6 " in check(4, 48, 6)  # 48 divides, its slices of 6 do not
+    assert "train.microbatch=8 " in check(4, 48, 8)  # 48 divides, its parts of 12 do not split into 8s
 
 
 def test_one_device_places_nothing_and_names_its_mesh():

@@ -72,23 +72,24 @@ def test_the_rank_comes_from_the_config_or_the_environment(monkeypatch):
     assert process_id(ClusterConfig()) == 0  # a one-process run ignores the cluster around it
 
 
-def test_a_cpu_shows_one_device_per_core_as_many_as_divide_the_slices():
+def test_a_cpu_shows_one_device_per_core_as_many_as_split_the_batch():
     def devices(batch=16, microbatch=None, cores=2, environ=None, cluster=ClusterConfig(cpu_devices="auto")):
         return cpu_devices(cluster, TrainConfig(batch_size=batch, microbatch=microbatch), cores, environ or {})
 
     assert devices() == 2 and devices(cores=1) == 1
     assert devices(cores=8) == 2  # shares of 8 examples at least
-    assert devices(64, 32, cores=16) == 4 and devices(48, cores=16) == 6  # a slice of 32, or the whole batch
+    assert devices(64, 32, cores=16) == 8 and devices(48, cores=16) == 6  # the microbatch is a cap per device
     assert devices(cores=3) == 2  # 16 does not split three ways
-    assert devices(48, 24, cores=4) == 3  # the slice of 24 must split
-    assert devices(12, 6, cores=4) == 1  # shares of 3 and 2 are too small
+    assert devices(48, 24, cores=4) == 4  # parts of 12, each one slice
+    assert devices(48, 16, cores=2) == 1  # parts of 24 do not split into slices of 16
+    assert devices(12, 6, cores=4) == 1  # shares of 6 and 3 are too small
     assert devices(16, 32, cores=2) == 2  # a microbatch above the batch is no slice
     assert devices(cluster=ClusterConfig(cpu_devices=4)) == 4  # asked for: more than the cores is allowed
     assert devices(environ={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) == 2
     for given in ({"JAX_NUM_CPU_DEVICES": "1"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}):
         assert devices(environ=given) is None and devices(environ=given, cluster=ClusterConfig(cpu_devices=2)) is None
     assert devices(cluster=ClusterConfig(initialize=True, cpu_devices="auto")) is None  # JAX's one CPU device each
-    assert devices(cluster=ClusterConfig()) == 1  # the default: one device, as JAX gives
+    assert devices(cluster=ClusterConfig()) == 2  # the default: auto
 
 
 @pytest.mark.slow  # 8 s: a tiny run
@@ -115,8 +116,11 @@ def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch)
 @pytest.mark.parametrize("overrides, message", [
     (["cluster.cpu_devices=two"], "cluster.cpu_devices='two' must be a positive integer or auto"),
     (["cluster.cpu_devices=0"], "cluster.cpu_devices=0 must be positive"),
-    ([*TINY, "cluster.cpu_devices=3"], "cluster.cpu_devices=3 does not divide train.batch_size=16"),
-    ([*TINY, "train.microbatch=8", "cluster.cpu_devices=16"], "does not divide train.microbatch=8"),
+    ([*TINY, "cluster.cpu_devices=3"], "cluster.cpu_devices=3: train.batch_size=16 does not split evenly over 3 "
+                                       "devices; give another count, or cluster.cpu_devices=auto"),
+    ([*TINY, "train.batch_size=48", "train.microbatch=16", "cluster.cpu_devices=2"],
+     "cluster.cpu_devices=2: train.microbatch=16 does not divide the 24 examples each of 2 devices gets of "
+     "train.batch_size=48"),
     (["cluster.process_id=2", "cluster.processes=2"], "cluster.process_id=2 must be in 0..cluster.processes-1"),
     (["cluster.coordinator=node0"], "cluster.coordinator='node0' must be host:port"),
     (["cluster.processes=0"], "cluster.processes=0 must be positive"),

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from tasks import TASKS, Cursor, draw, draw_share
-from tasks.examples import permuted, split
+from tasks import TASKS, Cursor, draw, draw_rows
+from tasks.examples import permuted
 from tasks.linreg import LinReg
 from tasks.memorize import Memorize
 from tasks.mad_compression import Compression
@@ -31,9 +31,10 @@ def test_each_epoch_order_is_a_permutation():
     assert not np.array_equal(a[2], b[2]) and not np.array_equal(a[2], np.arange(1000))  # keyed, and shuffled
 
 
-def test_each_device_draws_its_own_share_of_a_batch():
-    """The shares a data mesh's devices draw, put back together, are the batch one device draws: from a fixed set's
-    positions, from a token task's own keys, and cut from the whole batch for a task with neither."""
+def test_rows_of_a_batch_are_drawn_alone():
+    """The rows a data mesh's devices draw, slice by slice, put back together, are the batch one device draws at
+    once: from a fixed set's positions, from a token task's own keys, and cut from the whole batch for a task with
+    neither."""
     key = jax.random.key(3)
     sources = [
         (MQAR(vocab=32, seq_len=16, num_kv_pairs=2), key),
@@ -44,8 +45,8 @@ def test_each_device_draws_its_own_share_of_a_batch():
     ]
     for task, source in sources:
         whole = draw(task, source, 12)
-        share = jax.jit(lambda i, task=task, source=source: draw_share(task, source, 12, i, 3))
-        put_back = [share(i) for i in range(3)]
+        four = jax.jit(lambda start, task=task, source=source: draw_rows(task, source, 12, start, 4))
+        put_back = [four(start) for start in (0, 4, 8)]
         for name, leaf in whole.__dict__.items():
             if isinstance(leaf, jax.Array):
                 got = np.concatenate([np.asarray(getattr(b, name)) for b in put_back])
@@ -65,9 +66,6 @@ def test_a_fixed_set_repeats_its_examples_epoch_after_epoch():
     assert set(later) == set(rows[:6])
     other_seed = {tuple(r) for r in np.asarray(stream(jax.random.key_data(jax.random.key(1)), 0))}
     assert not other_seed & set(rows)  # another train.seed, another training set
-    slices = split(Cursor(key, jnp.int32(8)), 3, 4)
-    np.testing.assert_array_equal(slices.start, [8, 12, 16])
-    assert slices.key.shape == (3, *key.shape)
 
 
 def test_the_train_step_draws_its_batch_from_the_fixed_set(tiny_cfg):

@@ -147,14 +147,13 @@ class ClusterConfig:
     processes: int | None = None  # how many processes train the run
     process_id: int | None = None  # this process's rank, 0 to processes - 1
     timeout: int = 300  # seconds to wait for every process to join
-    # devices a CPU shows JAX when it is the platform: 1 (JAX's own), a number, or auto: one per core this process
-    # may use (as many as split the batch's slices into shares of 8 or more), so each core differentiates its
-    # share of a slice on its own, which on 2 cores makes the default job's step 2-19% faster than one device
-    # over both. Not the default: XLA's CPU collectives can deadlock a step on several devices, and do on MAD's
-    # compression job (BENCHMARKS.md, "Every core a device"). JAX_NUM_CPU_DEVICES or XLA_FLAGS'
+    # devices a CPU shows JAX when it is the platform: auto, one per core this process may use (as many as split
+    # the batch's slices into shares of 8 or more), so each core differentiates its share of a slice on its own,
+    # which on 2 cores makes the default job's step faster than one device over both (BENCHMARKS.md, "Every core
+    # a device"); a number; or 1, JAX's own. JAX_NUM_CPU_DEVICES or XLA_FLAGS'
     # --xla_force_host_platform_device_count, when set, win. A run on several processes keeps JAX's one CPU
     # device each unless given a number.
-    cpu_devices: int | str = 1
+    cpu_devices: int | str = "auto"
 
     def __post_init__(self):
         if isinstance(self.cpu_devices, str) and self.cpu_devices != "auto":
@@ -168,13 +167,23 @@ class ClusterConfig:
             raise ValueError(f"cluster.coordinator={self.coordinator!r} must be host:port")
 
 
+def split_batch(batch_size: int, microbatch: int | None, devices: int) -> tuple[int, int]:
+    """(slices, share): a step on `devices` devices differentiates its batch in `slices` slices, one after
+    another, each device `share` examples of each at once: the microbatch, or the device's part of the batch
+    where that is smaller. So a microbatch is the same work per device on any number of devices. Whether the
+    shares fill the batch exactly is `TrainConfig.uneven`'s question."""
+    part = max(batch_size // devices, 1)
+    share = microbatch if microbatch is not None and microbatch < part else part
+    return max(part // share, 1), share
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
     steps: int = 5000
     batch_size: int = 64
-    # differentiate at most this many examples at once: the same update, faster on a CPU; auto: the mixer's
-    # (mixer.microbatch, resolved by validation), null: the whole batch
+    # each device differentiates at most this many examples at once (`split`): the same update, faster on a
+    # CPU; auto: the mixer's (mixer.microbatch, resolved by validation), null: each device its whole part
     microbatch: int | str | None = "auto"
     log_every: int = 50
     eval_every: int = 50
@@ -205,12 +214,19 @@ class TrainConfig:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
         _choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
 
-    @property
-    def slice_field(self) -> tuple[str, int]:
-        """The field that sizes what one step differentiates at once (the microbatch, or the batch), and its size."""
-        if isinstance(self.microbatch, int) and self.microbatch < self.batch_size:
-            return "train.microbatch", self.microbatch
-        return "train.batch_size", self.batch_size
+    def split(self, devices: int) -> tuple[int, int]:
+        """(slices, share) of this batch and microbatch on `devices` devices (`split_batch`)."""
+        return split_batch(self.batch_size, self.microbatch if isinstance(self.microbatch, int) else None, devices)
+
+    def uneven(self, devices: int) -> str | None:
+        """Why the batch cannot be split into equal shares over `devices` devices, in a few words, else None."""
+        if self.batch_size % devices:
+            return f"train.batch_size={self.batch_size} does not split evenly over {devices} devices"
+        slices, share = self.split(devices)
+        if slices * share * devices != self.batch_size:
+            return (f"train.microbatch={self.microbatch} does not divide the {self.batch_size // devices} examples "
+                    f"each of {devices} devices gets of train.batch_size={self.batch_size}")
+        return None
 
 
 def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:
@@ -320,10 +336,10 @@ def _check_together(cfg: Config) -> None:
     if cfg.model.positions == "shortformer" and not cfg.mixer.takes_qk_positions:
         raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
                           "to add positions to; use learned or none")
-    name, size = cfg.train.slice_field
-    if isinstance(cfg.cluster.cpu_devices, int) and size % cfg.cluster.cpu_devices:
-        raise ConfigError(f"cluster.cpu_devices={cfg.cluster.cpu_devices} does not divide {name}={size}: give a "
-                          "divisor, or cluster.cpu_devices=auto")
+    uneven = isinstance(cfg.cluster.cpu_devices, int) and cfg.train.uneven(cfg.cluster.cpu_devices)
+    if uneven:
+        raise ConfigError(f"cluster.cpu_devices={cfg.cluster.cpu_devices}: {uneven}; give another count, or "
+                          "cluster.cpu_devices=auto")
 
 
 def register_bases() -> None:

@@ -105,8 +105,9 @@ def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
 
 
 def microbatches(train) -> int:
-    """How many slices tmem.train.step.make_gradients differentiates the batch in, one after another."""
-    return train.batch_size // train.slice_field[1]
+    """How many slices tmem.train.step.make_gradients differentiates the batch in, one after another, on one
+    device (the count is a step's on one device)."""
+    return train.split(1)[0]
 
 
 def scored_positions(task) -> int | None:

@@ -31,10 +31,10 @@ class MixerConfig(abc.ABC):
 
     name: str = ""
     lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
-    # the slice of the batch this row's train step differentiates at once fastest on one CPU device (null: the
-    # whole batch), used when train.microbatch is auto. The same update at any slice: only the speed differs,
-    # through how much of a slice's activations stays in cache (a slice is split over the devices: with two, the
-    # fastest slice is larger for some rows, BENCHMARKS.md "Every core a device")
+    # the examples each device of this row's train step differentiates at once fastest on the default job, on
+    # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
+    # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a
+    # slice's activations stays in cache (benchmarks/microbatch.py, BENCHMARKS.md)
     microbatch: int | None = 32
 
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k

@@ -56,6 +56,9 @@ class FastWeightConfig(MixerConfig):
     """The knobs of the fast-weight rows; the defaults are the linear row, and each row's YAML sets what differs."""
 
     name: str = "linear"
+    # each of the six rows' steps on the default job is fastest in slices of 8 examples per device on the
+    # 2-core CPU's two devices (MixerConfig.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
+    microbatch: int | None = 8
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
     write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)

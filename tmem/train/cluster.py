@@ -60,11 +60,11 @@ def detected():
 def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ: Mapping[str, str]) -> int | None:
     """How many devices the CPU should show JAX, or None to leave JAX's own count (the environment's, or one).
 
-    `auto` gives one device per core, up to the largest count that divides
-    every slice the step splits (the microbatch, or the batch) into shares of
-    at least MIN_SHARE examples: on a CPU the step's operations are too small
-    to keep two cores busy from one stream, and two devices each running half
-    a slice on their own core do.
+    `auto` gives one device per core, up to the largest count that splits the
+    batch evenly into shares (TrainConfig.split) of at least MIN_SHARE
+    examples: on a CPU the step's operations are too small to keep two cores
+    busy from one stream, and two devices each running their own share on
+    their own core do.
     """
     if "JAX_NUM_CPU_DEVICES" in environ or "--xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
         return None
@@ -72,8 +72,8 @@ def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ:
         return cluster.cpu_devices  # validation checked that it divides the slices
     if cluster.initialize:
         return None
-    _, size = train.slice_field
-    return max(n for n in range(1, max(cores, 1) + 1) if size % n == 0 and (n == 1 or size // n >= MIN_SHARE))
+    return max(n for n in range(1, max(cores, 1) + 1)
+               if n == 1 or (not train.uneven(n) and train.split(n)[1] >= MIN_SHARE))
 
 
 def usable_cores() -> int:

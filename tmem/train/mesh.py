@@ -65,17 +65,13 @@ def summed_over_devices(mesh: Mesh | None, local: Callable[..., Any]) -> Callabl
 
 
 def check_divisible(devices: int, train) -> str | None:
-    """One line when the batch (or each microbatch slice) of `train` (a TrainConfig) cannot be split evenly over
-    the devices, else None.
-
-    Every slice the step samples is split along `data` as a whole, so it is the
-    slice (train.microbatch when it is below train.batch_size) that must divide.
-    """
-    name, size = train.slice_field
-    if size % devices == 0:
+    """One line when the batch of `train` (a TrainConfig) cannot be split into equal shares over the devices
+    (TrainConfig.split: each device the same number of examples in each slice), else None."""
+    uneven = train.uneven(devices)
+    if uneven is None:
         return None
-    return (f"{name}={size} does not split evenly over the {devices} devices of the data mesh: choose a multiple "
-            f"of {devices}, or limit the devices the run sees (CUDA_VISIBLE_DEVICES, JAX_PLATFORMS=cpu)")
+    return (f"{uneven} of the data mesh: change it, or limit the devices the run sees (CUDA_VISIBLE_DEVICES, "
+            "JAX_PLATFORMS=cpu)")
 
 
 def describe(mesh: Mesh, batch_size: int) -> str:

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from tasks import Batch, Cursor, draw, draw_share, share
-from tasks.examples import split
+from tasks import Batch, Cursor, draw, draw_rows, rows
+from tmem.config import split_batch
 from tmem.train.mesh import summed_over_devices
 
 
@@ -75,22 +75,24 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
                    compute_dtype: str = "float32"):
     """(params, rest, key) -> (metrics, grads) of one freshly sampled batch.
 
-    With `microbatch` below the batch size, the batch is sampled and
-    differentiated in slices of that size, one after another, and the results
-    combined weighted by each slice's scored positions: the gradient of the
-    whole batch, but one slice's activations stay in cache, which on a CPU makes
-    a 64-example step cost about two 32-example ones rather than three.
-    `key` may instead be a tasks.Cursor: the batch is then the next examples
-    of the task's fixed training set (task.train_examples, tasks/examples.py).
+    With a `microbatch` below a device's part of the batch, each device
+    differentiates its part in slices of that many examples, one after
+    another (tmem.config.split_batch), and the results are combined weighted
+    by each slice's scored positions: the gradient of the whole batch, but one
+    slice's activations stay in cache, which on a CPU makes a 64-example step
+    cost about two 32-example ones rather than three. `key` may instead be a
+    tasks.Cursor: the batch is then the next examples of the task's fixed
+    training set (task.train_examples, tasks/examples.py).
 
     On a `mesh` of several devices (tmem.train.mesh) each device draws and
-    differentiates its share of every slice, weighted the same way, and the
-    devices' sums meet in one all-reduce.
+    differentiates its own rows of every slice (tasks.draw_rows: the batch is
+    the same whatever the devices and the microbatch), weighted the same way,
+    and the devices' sums meet in one all-reduce.
     """
     grad_fn = jax.value_and_grad(make_loss(graphdef, task, compute_dtype), has_aux=True)
-    slices = 1 if microbatch is None or microbatch >= batch_size else batch_size // microbatch
-    size = batch_size // slices
-    if slices == 1 and (mesh is None or mesh.size == 1):
+    devices = 1 if mesh is None else mesh.size
+    slices, share = split_batch(batch_size, microbatch, devices)
+    if slices == devices == 1:
         def whole(params, rest, key):
             (_, metrics), grads = grad_fn(params, rest, draw(task, key, batch_size))
             return metrics, grads
@@ -98,15 +100,16 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
 
     def weighted(params, rest, key, device, devices):
         """This device's scored positions and its slices' metrics and gradients, each weighted by them, summed."""
-        def one(k):
-            batch = draw_share(task, k, size, device, devices)
+        def one(start):
+            batch = draw_rows(task, key, batch_size, start + device * share, share)
             (_, metrics), grads = grad_fn(params, rest, batch)
             w = batch.mask.sum()
             return w, jax.tree.map(lambda x: w * x, (metrics, grads))
 
         if slices == 1:
-            return one(key)
-        return jax.tree.map(lambda x: x.sum(0), jax.lax.map(one, split(key, slices, size)))
+            return one(0)
+        starts = share * devices * jnp.arange(slices)
+        return jax.tree.map(lambda x: x.sum(0), jax.lax.map(one, starts))
 
     summed = summed_over_devices(mesh, weighted)
 
@@ -164,7 +167,9 @@ def make_eval(graphdef, task, chunk: int = 100, mesh=None, compute_dtype: str = 
 
     def weighted(params, rest, chunks, device, devices):
         def one(b):
-            b = share(b, device, devices)
+            if devices > 1:
+                m = b.inputs.shape[0] // devices
+                b = rows(b, device * m, m)
             _, metrics = loss_fn(params, rest, b)
             w = b.mask.sum()
             return w, jax.tree.map(lambda m: w * m, metrics)
