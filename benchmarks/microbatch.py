@@ -1,16 +1,17 @@
 """Each row's training step at several microbatch sizes, in one process: the data behind each row's mixer.microbatch.
 
-    python benchmarks/microbatch.py                                   # every row of mqar_rows, slices 16, 32, 64
-    python benchmarks/microbatch.py --rows softmax gla --sizes 8 16 32
-    python benchmarks/microbatch.py task.seq_len=256                  # another job
+    python benchmarks/microbatch.py                                   # every row of mqar_rows, sizes 8, 16, 32
+    python benchmarks/microbatch.py --rows softmax gla --sizes 4 8 16
+    python benchmarks/microbatch.py cluster.cpu_devices=1             # on one device over every core
 
-A slice size changes only how the batch's gradient is computed (the same
-update, tests/test_train.py), so the fastest slice is a row's own default,
-`train.microbatch=auto`. Every (row, size) pair is compiled first and then
-timed in turns, as in mqar_rows.py, so a load that comes and goes falls on all
-of them alike. A size at or above the batch is the whole batch at once. The
-devices are those train.py trains the default job on (`cluster.cpu_devices`:
-one by default; `cluster.cpu_devices=auto` times each row on one per core).
+A size is the examples each device differentiates at once; it changes only
+how the batch's gradient is computed (the same update, tests/test_train.py),
+so the fastest is a row's own default, `train.microbatch=auto`. Every (row,
+size) pair is compiled first and then timed in turns, as in mqar_rows.py, so
+a load that comes and goes falls on all of them alike. A size at or above a
+device's part of the batch is that part at once. The devices are those
+train.py trains the default job on (`cluster.cpu_devices`: one per core by
+default).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tmem.train.cluster import start
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS))
-    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--steps", type=int, default=120, help="timed steps per (row, size), over all rounds")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")

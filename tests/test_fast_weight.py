@@ -85,6 +85,7 @@ def test_the_output_gate_scales_each_read_by_its_activation():
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),
     ("mixer.decay=gamma", "mixer.decay='gamma' is not one of: none, fixed, scalar, vector"),
+    ("mixer.eval_form=scan", "mixer.eval_form='scan' is not one of: null, chunked, recurrent"),
     ("mixer.chunk=0", "mixer.chunk=0 must be positive"),
 ])
 def test_bad_configs_get_one_line(tiny_cfg, override, message):

@@ -154,6 +154,28 @@ def test_chunked_eval_equals_one_pass(tiny_cfg):
         np.testing.assert_allclose(chunked[k], whole[k], rtol=1e-5)
 
 
+def test_a_row_evaluates_in_its_eval_form_with_the_same_parameters(tiny_cfg):
+    """Gated DeltaNet's held-out evaluation reads in the token scan (mixer.eval_form): the trained parameters
+    through another form of the same function, so the metrics agree with the training form's to float rounding."""
+    from tmem.mixers.fast_weight import FastWeight
+    from tmem.train.build import build, evaluation_graphdef
+
+    def forms(graphdef):
+        model = nnx.merge(graphdef, state.params, state.rest)
+        return {m.cfg.form for _, m in nnx.iter_graph(model) if isinstance(m, FastWeight)}
+
+    cfg, _ = tiny_cfg("mixer=gated_deltanet", "model.depth=1")
+    graphdef, state, _, _ = build(cfg)
+    scan = evaluation_graphdef(cfg, graphdef)
+    assert forms(graphdef) == {"chunked"} and forms(scan) == {"recurrent"}
+    batch = heldout(cfg.task)
+    chunked = make_eval(graphdef, cfg.task)(state.params, state.rest, batch)
+    scanned = make_eval(scan, cfg.task)(state.params, state.rest, batch)
+    for k in chunked:
+        np.testing.assert_allclose(scanned[k], chunked[k], rtol=1e-5)
+    assert evaluation_graphdef(*tiny_cfg("mixer=linear")[:1], graphdef) is graphdef  # no eval_form: the same
+
+
 @pytest.mark.slow
 def test_the_default_job_reaches_99_percent(tmp_path):
     """train.py with no overrides: held-out accuracy 0.99 within its steps (250 to 400 over six seeds)."""

@@ -47,6 +47,11 @@ class MixerConfig(abc.ABC):
         """This config as it reads `task`: its "auto" knobs resolved; ValueError if it cannot read the task."""
         return self
 
+    def for_evaluation(self) -> MixerConfig:
+        """The config the held-out evaluation builds this row's layer from: the same parameters, maybe another
+        form of the same function, one that is faster without a backward."""
+        return self
+
     @abc.abstractmethod
     def state_size(self, width: int, seq_len: int) -> int:
         """Elements of the state after `seq_len` tokens, per example and layer."""

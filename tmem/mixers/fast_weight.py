@@ -86,6 +86,9 @@ class FastWeightConfig(MixerConfig):
     gate_before_norm: bool = False
     gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
+    # the form held-out evaluations read in (null: form): the same function, and for the delta rows and GLA the
+    # token scan is faster without a backward (BENCHMARKS.md)
+    eval_form: str | None = None
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
     chunk: int = 64
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
@@ -98,6 +101,8 @@ class FastWeightConfig(MixerConfig):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
+        if self.eval_form not in (None, *FORMS):
+            raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, {', '.join(FORMS)}")
         for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width", "qk_groups"):
             value = getattr(self, field)
             if value is not None and value < 1:
@@ -124,6 +129,9 @@ class FastWeightConfig(MixerConfig):
         """d_k, d_phi (the state's key width) and d_v, per head."""
         d_key = self.key_width or width // self.heads
         return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), self.value_width or width // self.heads
+
+    def for_evaluation(self) -> FastWeightConfig:
+        return self if self.eval_form is None else dataclasses.replace(self, form=self.eval_form, eval_form=None)
 
     def state_size(self, width: int, seq_len: int) -> int:
         """The fast-weight matrices (d_phi x d_v per head, plus the normaliser) and the convolution's window."""

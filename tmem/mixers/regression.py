@@ -60,10 +60,10 @@ PRESETS = {
         name="mamba2", decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, qk_groups=1,
         conv_bias=True, output_norm_over="width", gate_before_norm=True),
     ("uniform", "linear", "sgd", "zero"): FastWeightConfig(name="deltanet", rule="delta", write_strength="sigmoid",
-                                                           qk_norm="l2"),
+                                                           qk_norm="l2", eval_form="recurrent"),
     ("gate", "linear", "sgd", "zero"): FastWeightConfig(
         name="gated_deltanet", rule="delta", decay="scalar", write_strength="sigmoid", qk_norm="l2",
-        output_gate=True, gate_activation="sigmoid"),
+        output_gate=True, gate_activation="sigmoid", eval_form="recurrent"),
     ("gate", "linear", "exact", "zero"): MesaConfig(name="mesa"),
     ("uniform", "linear", "minibatch", "learned"): TTTConfig(name="ttt_linear"),
     ("uniform", "mlp", "minibatch", "learned"): TTTConfig(name="ttt_mlp", inner="mlp", base_lr=0.1),

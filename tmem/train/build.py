@@ -8,6 +8,7 @@ optimizer. A checkpoint restores only into the state this builds.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import optax
@@ -44,3 +45,14 @@ def build(cfg: Config, seed: int | None = None) -> Built:
     tx = build_optimizer(cfg.optim, cfg.train.steps)
     graphdef, state = init_state(model, tx, seed)
     return Built(graphdef, state, tx, learning_rate(cfg.optim, cfg.train.steps))
+
+
+def evaluation_graphdef(cfg: Config, graphdef: Any) -> Any:
+    """The structure the held-out evaluation reads the trained parameters through: `graphdef`, unless the mixer
+    evaluates in another form of the same function (MixerConfig.for_evaluation), whose model holds the same
+    parameters under the same names."""
+    mixer = cfg.mixer.for_evaluation()
+    if mixer == cfg.mixer:
+        return graphdef
+    model = nnx.eval_shape(lambda: build_model(dataclasses.replace(cfg, mixer=mixer), cfg.task))
+    return nnx.split(model, nnx.Param, ...)[0]

@@ -7,7 +7,7 @@ before anything starts a JAX backend, so the same command runs under srun, a
 SLURM array job from Hydra's submitit launcher, or by hand on each host. The
 data mesh (tmem.train.mesh) then spans every process's devices and each step
 is one SPMD program: each device samples its own share of the global batch
-from the same key, inside the jitted step (tasks.draw_share), so no batch is
+from the same key, inside the jitted step (tasks.draw_rows), so no batch is
 ever sent between hosts, only the summed gradients.
 
 Process 0 alone claims the run directory, writes summary.json and keeps the

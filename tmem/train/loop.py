@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from tasks import heldout
 from tmem.config import Config, ConfigError
 from tmem.model import count_params
-from tmem.train.build import build
+from tmem.train.build import build, evaluation_graphdef
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.cluster import is_primary
 from tmem.train.mesh import check_divisible, data_mesh, describe, replicated
@@ -101,8 +101,8 @@ class Trainer:
         graphdef, state, tx, schedule = built
         self.state = jax.device_put(state, whole)
         del built, state  # their arrays now live in self.state, which the step donates
-        self._evaluate = jax.jit(make_eval(graphdef, task, mesh=self.mesh, compute_dtype=t.compute_dtype),
-                                 out_shardings=whole)
+        self._evaluate = jax.jit(make_eval(evaluation_graphdef(cfg, graphdef), task, mesh=self.mesh,
+                                           compute_dtype=t.compute_dtype), out_shardings=whole)
         self.heldout = jax.jit(lambda: heldout(task), out_shardings=whole)()
         # a run has diverged when its held-out loss stays far above both chance and where it started (a large
         # init scale can start several times above chance: Zoology's figure-2 model starts at 10x)

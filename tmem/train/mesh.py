@@ -1,10 +1,10 @@
 """Data parallelism with JAX's own sharding: one mesh axis, `data`, over the devices a run uses.
 
 The train state is replicated on every device. In a step each device draws
-and differentiates only its share of every batch (`summed_over_devices`, a
-`jax.shard_map`): the same examples as on one device (the same keys, the same
-microbatch slices, tasks.draw_share), so a run's numbers do not depend on how
-many devices trained it, up to the order of a float sum. The devices' sums
+and differentiates only its own rows of every batch (`summed_over_devices`, a
+`jax.shard_map`): rows of the one batch a single device would draw
+(tasks.draw_rows), so a run's numbers do not depend on how many devices
+trained it, up to the order of a float sum. The devices' sums
 meet in one all-reduce per step. One is what data parallelism needs, and more
 is a hazard on a CPU: there XLA runs independent collectives of a program in
 any order, each device's thread blocking in the one it reached, so two
@@ -45,7 +45,7 @@ def summed_over_devices(mesh: Mesh | None, local: Callable[..., Any]) -> Callabl
     """(*args) -> the sum over the devices of `local(*args, device, devices)`, in one all-reduce.
 
     Every device runs `local` on the same replicated `args` and its own index
-    along `data`, so `local` picks its share of the work (tasks.draw_share);
+    along `data`, so `local` picks its share of the work (tasks.draw_rows);
     a gradient it takes stays this device's own, and every output is summed
     by one `psum` of them all. With no mesh, or one device, it is
     `local(*args, 0, 1)`: the program one device always ran.
