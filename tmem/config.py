@@ -148,9 +148,9 @@ class ClusterConfig:
     process_id: int | None = None  # this process's rank, 0 to processes - 1
     timeout: int = 300  # seconds to wait for every process to join
     # devices a CPU shows JAX when it is the platform: auto, one per core this process may use (as many as split
-    # the batch's slices into shares of 8 or more), so each core differentiates its share of a slice on its own,
-    # which on 2 cores makes the default job's step faster than one device over both (BENCHMARKS.md, "Every core
-    # a device"); a number; or 1, JAX's own. JAX_NUM_CPU_DEVICES or XLA_FLAGS'
+    # the batch into shares of 8 or more per device, TrainConfig.split), so each core differentiates its share on
+    # its own, which on 2 cores makes the default job's step 18-34% faster than one device over both
+    # (BENCHMARKS.md, "One all-reduce a step"); a number; or 1, JAX's own. JAX_NUM_CPU_DEVICES or XLA_FLAGS'
     # --xla_force_host_platform_device_count, when set, win. A run on several processes keeps JAX's one CPU
     # device each unless given a number.
     cpu_devices: int | str = "auto"
