@@ -26,6 +26,7 @@ def test_probe_reports_each_store_beside_theory_without_a_run(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["capacity"]["hebbian"]["capacity"] > 0
 
 
+@pytest.mark.slow  # 4 s; the quick subset keeps the probe's report without a run
 def test_probe_measures_the_written_stores_with_their_knobs_and_ends(tmp_path):
     options = {"capacity": {"d_k": 8, "stores": ["hebbian", "delta", "rls", "decayed"], "queries": 256}}
     report = evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"), options=options)

@@ -49,7 +49,8 @@ def value_and_grads(form, x, **kw):
 
 
 @pytest.mark.parametrize("solver, chunk, with_state", [pytest.param("cg", 64, True, marks=pytest.mark.slow),
-                                                       ("cg", 4, False), ("cholesky", 6, True)])
+                                                       pytest.param("cg", 4, False, marks=pytest.mark.slow),
+                                                       ("cholesky", 6, True)])
 def test_the_training_form_equals_the_definition_outputs_state_and_gradients(solver, chunk, with_state):
     """CG with 3 d_k steps (d_k suffice in exact arithmetic) and the Cholesky solve against the token loop's
     exact solve: one chunk (the masked quadratic form, no loop) and chunks of 4 and 6 with the state passed."""

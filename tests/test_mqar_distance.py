@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tasks import MQAR, heldout
 from tmem.probes.mqar_distance import recall_by_distance
@@ -18,6 +19,7 @@ def near_sighted(inputs, *, positions, kv=4, vocab=256, reach=8):
     return 10.0 * jax.nn.one_hot(guess, vocab)
 
 
+@pytest.mark.slow  # 3 s from a cold cache
 def test_bins_report_the_known_cutoff():
     batch = heldout(MQAR(heldout_size=300))
     rows = recall_by_distance(near_sighted, batch, chunk=128)

@@ -22,6 +22,7 @@ def params_of(run_dir):
     return step, jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
+@pytest.mark.slow  # 7 s from a cold cache; the quick subset trains in tests/test_entry_points.py
 def test_loss_goes_down(tiny_cfg, tmp_path):
     cfg, resolved = tiny_cfg("train.steps=150", "train.eval_every=150", "train.early_stop=false")
     summary = run(cfg, tmp_path, resolved)
@@ -60,6 +61,7 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow  # two runs: 4 s from a cold cache
 def test_checkpoints_keep_all_or_last_k(tiny_cfg, tmp_path):
     for keep, expected in (("null", [5, 10, 15, 20]), ("2", [15, 20])):
         cfg, resolved = tiny_cfg("train.checkpoint_every=5", f"train.keep_checkpoints={keep}",

@@ -12,7 +12,6 @@ from tasks import TASKS, Cursor, draw, draw_rows
 from tasks.examples import permuted
 from tasks.linreg import LinReg
 from tasks.memorize import Memorize
-from tasks.mad_compression import Compression
 from tasks.mqar import MQAR
 from tmem.config import ConfigError, validate
 
@@ -38,15 +37,13 @@ def test_rows_of_a_batch_are_drawn_alone():
     key = jax.random.key(3)
     sources = [
         (MQAR(vocab=32, seq_len=16, num_kv_pairs=2), key),
-        (Compression(vocab=8, seq_len=8), key),  # a MAD task: the examples of its keys
         (MQAR(vocab=32, seq_len=16, num_kv_pairs=2, train_examples=6), Cursor(jax.random.key_data(key), jnp.int32(5))),
         (LinReg(dim=3, num_examples=4), key),  # neither: every device draws the batch and keeps its rows
-        (Memorize(num_facts=64, num_values=8, seq_len=4), key),
     ]
     for task, source in sources:
-        whole = draw(task, source, 12)
-        four = jax.jit(lambda start, task=task, source=source: draw_rows(task, source, 12, start, 4))
-        put_back = [four(start) for start in (0, 4, 8)]
+        drawn = jax.jit(lambda starts, task=task, source=source: (  # traced starts, as a device's are
+            draw(task, source, 12), [draw_rows(task, source, 12, starts[i], 4) for i in range(3)]))
+        whole, put_back = drawn(jnp.arange(0, 12, 4))
         for name, leaf in whole.__dict__.items():
             if isinstance(leaf, jax.Array):
                 got = np.concatenate([np.asarray(getattr(b, name)) for b in put_back])
