@@ -99,25 +99,38 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
         return whole
 
     def weighted(params, rest, key, device, devices):
-        """This device's scored positions and its slices' metrics and gradients, each weighted by them, summed."""
         def one(start):
             batch = draw_rows(task, key, batch_size, start + device * share, share)
             (_, metrics), grads = grad_fn(params, rest, batch)
-            w = batch.mask.sum()
-            return w, jax.tree.map(lambda x: w * x, (metrics, grads))
+            return scored(batch, (metrics, grads))
 
-        if slices == 1:
-            return one(0)
-        starts = share * devices * jnp.arange(slices)
-        return jax.tree.map(lambda x: x.sum(0), jax.lax.map(one, starts))
+        return one(0) if slices == 1 else summed_map(one, share * devices * jnp.arange(slices))
 
+    return mean_over_devices(mesh, weighted)
+
+
+def scored(batch: Batch, values):
+    """(w, w * values) with w the batch's scored positions: what slices, chunks and devices add up, so that their
+    sum divided by the summed w is the mean over the whole batch."""
+    w = batch.mask.sum()
+    return w, jax.tree.map(lambda x: w * x, values)
+
+
+def summed_map(f, xs):
+    """The sum over the leading axis of `lax.map(f, xs)`: slices or chunks one after another, added up."""
+    return jax.tree.map(lambda x: x.sum(0), jax.lax.map(f, xs))
+
+
+def mean_over_devices(mesh, weighted):
+    """(*args) -> the scored-position mean of what `weighted(*args, device, devices)` adds up on each device (a
+    `scored` pair): the devices' pairs summed in one all-reduce (tmem.train.mesh), then divided once."""
     summed = summed_over_devices(mesh, weighted)
 
-    def gradients(params, rest, key):
-        w, sums = summed(params, rest, key)
+    def mean(*args):
+        w, sums = summed(*args)
         return jax.tree.map(lambda x: x / jnp.maximum(w, 1.0), sums)
 
-    return gradients
+    return mean
 
 
 def make_train_step(graphdef, task, tx: optax.GradientTransformation, batch_size: int, lr_schedule,
@@ -167,16 +180,13 @@ def make_eval(graphdef, task, chunk: int = 100, mesh=None, compute_dtype: str = 
 
     def weighted(params, rest, chunks, device, devices):
         def one(b):
-            if devices > 1:
-                m = b.inputs.shape[0] // devices
-                b = rows(b, device * m, m)
-            _, metrics = loss_fn(params, rest, b)
-            w = b.mask.sum()
-            return w, jax.tree.map(lambda m: w * m, metrics)
+            m = b.inputs.shape[0] // devices
+            b = rows(b, device * m, m)  # the whole chunk on one device
+            return scored(b, loss_fn(params, rest, b)[1])
 
-        return jax.tree.map(lambda x: x.sum(0), jax.lax.map(one, chunks))
+        return summed_map(one, chunks)
 
-    summed = summed_over_devices(mesh, weighted)
+    mean = mean_over_devices(mesh, weighted)
 
     def evaluate(params, rest, batch: Batch):
         n = batch.inputs.shape[0]
@@ -190,7 +200,6 @@ def make_eval(graphdef, task, chunk: int = 100, mesh=None, compute_dtype: str = 
         chunks = jax.tree.map(split, batch)
         valid = (jnp.arange(n + pad) < n).reshape(-1, size, *[1] * (batch.mask.ndim - 1))
         chunks = chunks.replace(mask=chunks.mask * valid)  # padded rows weigh nothing
-        w, sums = summed(params, rest, chunks)
-        return jax.tree.map(lambda m: m / jnp.maximum(w, 1.0), sums)
+        return mean(params, rest, chunks)
 
     return evaluate
