@@ -118,6 +118,32 @@ def test_a_decay_shared_by_the_batch_equals_it_given_to_every_example(from_state
             assert rel_err(g[name], g_ref[name]) <= TOL, (chunk, name)
 
 
+SHARED_QK = [pytest.param("scalar", False, True, True, id="scalar-add-state-read-at"),
+             pytest.param("scalar", False, False, False, id="scalar-add-empty", marks=slow),
+             pytest.param("none", True, False, True, id="none-delta-empty-read-at", marks=slow),
+             pytest.param("vector", True, True, False, id="vector-delta-state", marks=slow)]
+
+
+@pytest.mark.parametrize("decay, delta, from_state, reads", SHARED_QK)
+def test_a_q_and_k_shared_by_the_heads_equal_them_given_to_every_head(decay, delta, from_state, reads):
+    """Mamba-2's one group passes q and k as [B, T, 1, d_k], so their scores are made once for all heads: both
+    forms with them equal the definition with them repeated for every head, in outputs, final state and
+    gradients (the shared q's and k's: the sum of the heads')."""
+    x = inputs(13, decay, delta)
+    x = dict(x, state=x["state"] if from_state else None)
+    shared = {name: x[name][:, :, :1] for name in ("q", "k")}
+    kw = {"read_at": jnp.array([[12, 0, 5, 5], [3, 7, 11, 1]])} if reads else {}
+    every = dict(x, **{name: jnp.broadcast_to(y, x[name].shape) for name, y in shared.items()})
+    definition = partial(recurrent_read_at, **kw) if kw else recurrent
+    (o_ref, S_ref), g_ref = value_and_grads(definition, every, delta)
+    g_ref = dict(g_ref, **{name: g_ref[name].sum(2, keepdims=True) for name in shared})
+    for form in (partial(chunked, chunk=16, **kw), partial(chunked, chunk=4, sub_chunk=2, **kw), definition):
+        (o, S), g = value_and_grads(form, dict(every, **shared), delta)
+        assert rel_err(o, o_ref) <= TOL and rel_err(S, S_ref) <= TOL, form
+        for name in g_ref:
+            assert rel_err(g[name], g_ref[name]) <= TOL, (form, name)
+
+
 @slow  # 6 s; the quick subset continues from a state in test_continuing_from_a_state_equals_one_pass
 def test_reads_at_positions_continue_from_a_state():
     x = inputs(13, "vector", True)

@@ -41,7 +41,8 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
     """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i (j < i if strict), else 0.
 
     x, k [..., C, d_k], b None (no decay) or [..., C, G] with G = 1 (a scalar decay: a masked
-    matmul) or G = d_k (a vector decay). A vector decay has no single C x C
+    matmul) or G = d_k (a vector decay); x and k may have a head axis of 1 that b's broadcasts (a q and k
+    shared by the heads: their products made once). A vector decay has no single C x C
     decay matrix, so it is taken in sub-chunks of c tokens: a block of keys
     before the query block factors through the query block's first row and
     the key block's last, each factor's exponent <= 0; a diagonal block keeps
@@ -72,7 +73,7 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
     k_ref = k_end[..., None, :, :, :] * between[..., :, :, None, :]
     off_block = einsum("...Iik,...IJjk->...IiJj", x_ref, k_ref)
     full = off_block + einsum("...Iij,IJ->...IiJj", on_block, jnp.eye(n, dtype=on_block.dtype))
-    return full.reshape(*x.shape[:-2], C, C)
+    return full.reshape(*full.shape[:-4], C, C)  # x and k may broadcast against b (q and k shared by the heads)
 
 
 def _times(x, factor):
@@ -157,7 +158,7 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     out_dtype = v.dtype
     decays, strengths, empty = log_a is not None, beta is not None, state is None
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
-    B, T, H, dk = k.shape
+    B, T, H, _ = v.shape
     N = math.ceil(T / chunk)
     pad = N * chunk - T
 
@@ -165,7 +166,9 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     # every matmul has its batch axes first (with the matmul cumsum below: linear row 212 -> 147 ms, BENCHMARKS.md)
     def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]; padding writes nothing (k = v = beta = 0, g = 0)
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(x.shape[0], N, chunk, H, *x.shape[3:])  # a decay shared by the batch keeps its axis of 1
+        # a decay shared by the batch keeps its axis of 1, and so do a q and k shared by the heads: their scores
+        # are made once and broadcast against each head's decay and values
+        x = x.reshape(x.shape[0], N, chunk, x.shape[2], *x.shape[3:])
         return jnp.moveaxis(x, (1, 3), (0, 2))
 
     q_read = None if read_at is None else jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)

@@ -44,13 +44,14 @@ def elementwise(n: int, cost: tuple[int, ...], grad: bool = True) -> int:
 
 def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
             delta: bool, chunk: int, sub_chunk: int, reads: int | None, once: bool = False,
-            decay_heads: int | None = None) -> int:
+            decay_heads: int | None = None, qk_heads: int = 1) -> int:
     """tmem.memory.chunked.chunked for BH heads of T tokens, from an empty state as training starts.
 
     decay: None, or the width G of the log decay (1 for a scalar, dk for a vector); decay_grad: whether it
     trains (RetNet's is fixed); decay_heads: the heads its factors are made for, when fewer than BH (RetNet's is
-    shared by the batch: its H heads). reads: None (every position) or the number of (example, read, head) rows
-    `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
+    shared by the batch: its H heads); qk_heads: the heads one q and k serve (H for Mamba-2's one group, whose
+    scores are made once for its heads and their gradients summed back). reads: None (every position) or the
+    number of (example, read, head) rows `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
     one step of it, as XLA does); with one chunk nothing reads it, and the quadratic form is all.
     """
     N = math.ceil(T / chunk)
@@ -66,7 +67,7 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
     if strengths:
         flops += elementwise(rows * dv, SCALED)  # u = beta v
     if delta:  # L = beta (k k^T strictly below the diagonal); U = (I + L)^{-1} rhs, rhs = [u, beta k e^b]
-        flops += (intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks)
+        flops += (intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks, qk_heads)
                   + elementwise(chunks * C * C, SCALED))
         if from_state:
             flops += elementwise(rows * dk, SCALED) + elementwise(rows * dk, by_decay)
@@ -77,11 +78,12 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
     if from_state:
         flops += (1 if once else N) * state_pass(BH, C, dk, dv, decay, delta)
     if reads is None:
-        flops += intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks) + matmul(rows, C, dv)
+        flops += (intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks, qk_heads)
+                  + matmul(rows, C, dv))
         if from_state:  # + (q e^b) S_in
             flops += elementwise(rows * dk, by_decay) + matmul(rows, dk, dv) + rows * dv
         return flops
-    return flops + read_at(reads, C, dk, dv, decay, from_state)
+    return flops + read_at(reads, C, dk, dv, decay, from_state, qk_heads)
 
 
 def recurrent(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bool, strengths: bool,
@@ -139,10 +141,12 @@ def state_pass(BH: int, C: int, dk: int, dv: int, decay: int | None, delta: bool
     return flops
 
 
-def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: bool) -> int:
+def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: bool, qk_heads: int = 1) -> int:
     """tmem.memory.chunked._read_at for R (example, read, head) rows: one row of scores against the read's
-    chunk. Backward, the gathered keys, values, decays (and state) have their gradients scattered back."""
-    flops = matvec(R, C, dk) + matvec(R, C, dv) + R * C * (dk + dv) + R * dk  # scores, read, scatters
+    chunk (one for each qk_heads heads that share q and k, its gradient summed over them). Backward, the
+    gathered keys, values, decays (and state) have their gradients scattered back."""
+    flops = matvec(R // qk_heads, C, dk) + (R - R // qk_heads) * C  # scores
+    flops += matvec(R, C, dv) + R * C * (dk + dv) + R * dk  # read, scatters
     if decay:  # exp(where(visible, b_p - b_j)): sub, select and their gradients, b_p's and b_j's scattered
         flops += 6 * R * C * decay
         flops += elementwise(R * C * (dk if decay > 1 else 1), PRODUCT)  # k_j * decay, or scores * decay
@@ -154,16 +158,18 @@ def read_at(R: int, C: int, dk: int, dv: int, decay: int | None, from_state: boo
 
 
 def intra_scores(chunks: int, C: int, dk: int, decay: int | None, decay_grad: bool, sub_chunk: int,
-                 decay_chunks: int | None = None) -> int:
-    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T, times the decays (made
-    for `decay_chunks` of them, when a decay is shared by the batch)."""
+                 decay_chunks: int | None = None, qk_heads: int = 1) -> int:
+    """tmem.memory.chunked.intra_scores for `chunks` chunks of C tokens: masked q k^T (made once for each
+    qk_heads heads that share q and k, and its gradient summed over them), times the decays (made for
+    `decay_chunks` of them, when a decay is shared by the batch)."""
     where = elementwise(chunks * C * C, (1, 1))
+    scores = matmul(chunks // qk_heads * C, dk, C) + (chunks - chunks // qk_heads) * C * C
     if decay is None:
-        return matmul(chunks * C, dk, C) + where
+        return scores + where
     if decay == 1:  # exp(where(mask, b_i - b_j)) * (q k^T); no gradient into a fixed decay
         made = (decay_chunks or chunks) * C * C
         diff = elementwise(made, DIFFERENCE, decay_grad) + (elementwise(made, (1, 1)) if decay_grad else made)
-        return matmul(chunks * C, dk, C) + diff + elementwise(chunks * C * C, PRODUCT if decay_grad else (1, 1))
+        return scores + diff + elementwise(chunks * C * C, PRODUCT if decay_grad else (1, 1))
     # a vector decay in sub-chunks of c tokens: every c x c x dk decay on the diagonal blocks; off them the
     # decays factor through each block's first and last rows
     c = max(s for s in range(1, min(sub_chunk, C) + 1) if C % s == 0)

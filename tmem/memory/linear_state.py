@@ -19,7 +19,8 @@ Decaying before correcting is the order of the reference kernels (fla's gated
 delta and KDA); for a scalar a_t it is the same as the note's
 S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, transposed.
 
-Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
+Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], or [B, T, 1, d_k] for a q and k every head shares
+(Mamba-2's one group: the chunked form then makes their scores once, not per head), v [B, T, H, d_v],
 log_a None or [B, T, H, 1] (a scalar per head) or [B, T, H, d_k] (a vector), or
 [1, T, H, ...] for a decay every example shares (RetNet's: its factors are made once, not per example),
 beta None or [B, T, H], state None or [B, H, d_k, d_v]. The math runs in float32;
@@ -45,8 +46,10 @@ def retnet_log_decay(heads: int) -> jax.Array:
 
 def prepare(q, k, v, log_a, beta, state):
     """Inputs in float32 with the defaults filled in: no decay, beta = 1, an empty state."""
-    B, T, H, dk = k.shape
-    dv = v.shape[-1]
+    B, T, H, dv = v.shape
+    dk = k.shape[-1]
+    if q.shape != k.shape or k.shape[:2] != (B, T) or k.shape[2] not in (1, H):
+        raise ValueError(f"q and k must be [B, T, H or 1, d_k] for v {v.shape}, got {q.shape} and {k.shape}")
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     log_a = jnp.zeros((B, T, H, 1), jnp.float32) if log_a is None else f32(log_a)
     beta = jnp.ones((B, T, H), jnp.float32) if beta is None else f32(beta)
@@ -60,6 +63,7 @@ def recurrent(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None
     """The definition: one token at a time (lax.scan). Returns o [B, T, H, d_v] and the final state."""
     out_dtype = v.dtype
     q, k, v, log_a, beta, state = prepare(q, k, v, log_a, beta, state)
+    q, k = (jnp.broadcast_to(x, x.shape[:2] + v.shape[2:3] + x.shape[3:]) for x in (q, k))  # a shared q and k
 
     # the stores' own writes and read (tmem.memory.stores, .reads), one head of one example each:
     # the delta rule writes the error of what the decayed state recalls at k_t

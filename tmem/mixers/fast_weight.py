@@ -252,10 +252,11 @@ class FastWeight(Mixer):
             q, k = l2_normalize(q), l2_normalize(k)
         elif cfg.qk_norm == "rms":
             q, k = (rms_norm(y, n.scale[...], n.epsilon) for y, n in ((q, self.q_norm), (k, self.k_norm)))
-        if cfg.groups != H:  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
+        if cfg.groups not in (1, H):  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
             q, k = (jnp.repeat(y, H // cfg.groups, axis=2) for y in (q, k))
+        # one group stays [B, T, 1, d_phi]: the memory broadcasts it over the heads (tmem.memory.linear_state)
         # the keys as the state receives them [B, T, H, d_phi]; a no-op outside nnx.capture (memory_state probe)
-        self.sow(nnx.Intermediate, "keys", k, capture_noop=True)
+        self.sow(nnx.Intermediate, "keys", jnp.broadcast_to(k, (B, T, H, self.d_phi)), capture_noop=True)
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)

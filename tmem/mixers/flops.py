@@ -183,7 +183,8 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
     reads = None if Q is None else B * Q * H
     if c.form == "chunked":
         shared = H if c.decay == "fixed" else None  # RetNet's decay: made once for the batch
-        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once, shared)
+        qk_heads = H if G == 1 else 1  # one group's q and k reach the memory once, broadcast over the heads
+        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once, shared, qk_heads)
     else:
         parts["mixer/memory"] += recurrent(B * H, T, *memory, reads, once)
     return parts
