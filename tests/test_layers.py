@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tmem.layers import ShortConv, causal_conv, causal_conv_silu
+from tmem.layers import ShortConv, causal_conv, causal_conv_silu, dense, linear
 
 
 def test_short_conv_is_a_causal_depthwise_filter_that_continues():
@@ -53,3 +53,22 @@ def test_the_filter_with_its_silu_equals_its_definition_values_and_gradients(bia
         assert (a is None) == (c is None)
         if a is not None:
             np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_and_its_linear_layer_equal_the_plain_product_values_and_gradients():
+    """`dense` only rewrites the weight gradient's product; `linear` is an nnx.Linear through it."""
+    ks = jax.random.split(jax.random.key(0), 4)
+    x, w, dy = jax.random.normal(ks[0], (3, 5, 7)), jax.random.normal(ks[1], (7, 4)), jax.random.normal(ks[2], (3, 5, 4))
+    full = jax.lax.Precision.HIGHEST
+    y, pullback = jax.vjp(lambda x, w: dense(x, w, full), x, w)
+    y_ref, pullback_ref = jax.vjp(lambda x, w: jnp.matmul(x, w, precision=full), x, w)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6)
+    for got, want in zip(pullback(dy), pullback_ref(dy)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    layer = linear(7, 4, bias=True, rngs=nnx.Rngs(1))
+    plain = nnx.Linear(7, 4, use_bias=True, rngs=nnx.Rngs(1))  # the same draws: the same parameters
+    assert jax.tree.all(jax.tree.map(jnp.array_equal, nnx.state(layer), nnx.state(plain)))
+    loss = lambda m: jnp.sum(m(x) * dy)  # noqa: E731
+    np.testing.assert_allclose(loss(layer), loss(plain), rtol=1e-5)
+    got, want = nnx.grad(loss)(layer), nnx.grad(loss)(plain)
+    assert jax.tree.all(jax.tree.map(lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-5), got, want))

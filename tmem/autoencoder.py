@@ -25,7 +25,7 @@ from flax import nnx
 
 from tmem.backbone import Backbone
 from tmem.config import Config
-from tmem.layers import make_norm
+from tmem.layers import linear, make_norm
 
 
 def sinusoids(length: int, width: int) -> jax.Array:
@@ -44,10 +44,10 @@ class AutoEncoder(Backbone):
         m = cfg.model
         self.embed = nnx.Embed(vocab_size, m.width, embedding_init=nnx.initializers.normal(m.embed_std), rngs=rngs)
         super().__init__(m, cfg.mixer, cfg.mlp, max_len, rngs=rngs)
-        self.decoder = nnx.List([make_norm(m.norm, m.width, rngs), nnx.Linear(m.width, m.width, rngs=rngs),
-                                 make_norm(m.norm, m.width, rngs), nnx.Linear(m.width, m.width, rngs=rngs),
+        self.decoder = nnx.List([make_norm(m.norm, m.width, rngs), linear(m.width, m.width, bias=True, rngs=rngs),
+                                 make_norm(m.norm, m.width, rngs), linear(m.width, m.width, bias=True, rngs=rngs),
                                  make_norm(m.norm, m.width, rngs)])
-        self.unembed = nnx.Linear(m.width, vocab_size, rngs=rngs)
+        self.unembed = linear(m.width, vocab_size, bias=True, rngs=rngs)
 
     def __call__(self, tokens_bt, *, positions=None, head_mask=None, states=None):
         if states is not None:

@@ -39,6 +39,46 @@ def rope(x_bthd: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x_bthd.dtype)
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense(x: jax.Array, w: jax.Array, precision=None) -> jax.Array:
+    """x [..., n] @ w [n, m], with the weight's gradient taken as (dy^T x)^T.
+
+    Autodiff's x^T dy contracts both operands over their leading (token) axis;
+    XLA's CPU backend then wrote the larger one, dy, transposed inside the
+    fusion that made it (a strided write, the most expensive operation of a
+    fast-weight row's backward). As dy^T x, transposed after, it contracts
+    both in place: the linear row's step took 0.87 of the time (BENCHMARKS.md).
+    """
+    return jnp.matmul(x, w, precision=precision)
+
+
+def _dense_fwd(x, w, precision):
+    return dense(x, w, precision), (x, w)
+
+
+def _dense_bwd(precision, residuals, dy):
+    x, w = residuals
+    rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+    d_w = jnp.matmul(rows(dy).T, rows(x), precision=precision).T
+    return jnp.matmul(dy, w.T, precision=precision), d_w
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
+    """nnx.Linear's contraction (the input's last axis with the kernel's first) through `dense`."""
+    (contracting, batch), kwargs = dimension_numbers, {k: v for k, v in kwargs.items() if v is not None}
+    if contracting != ((lhs.ndim - 1,), (0,)) or batch != ((), ()) or rhs.ndim != 2 or kwargs:
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
+    return dense(lhs, rhs, precision)
+
+
+def linear(n_in: int, n_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    """An nnx.Linear (the same parameters, initialisation and dtype handling) whose product is `dense`."""
+    return nnx.Linear(n_in, n_out, use_bias=bias, dot_general=_dense_dot_general, rngs=rngs)
+
+
 # The score function applied to the keys' match W_in x (Chapter 5): the read of
 # the slow memory, from tmem.memory.reads. Gated variants multiply by a second, linear match.
 SCORES = {name: _READS[read] for name, read in
@@ -53,8 +93,8 @@ class MLP(nnx.Module):
     def __init__(self, width: int, hidden: int, score: str, *, bias: bool, rngs: nnx.Rngs):
         self.score = score
         n_in = 2 * hidden if score in GATED else hidden
-        self.w_in = nnx.Linear(width, n_in, use_bias=bias, rngs=rngs)
-        self.w_out = nnx.Linear(hidden, width, use_bias=bias, rngs=rngs)
+        self.w_in = linear(width, n_in, bias=bias, rngs=rngs)
+        self.w_out = linear(hidden, width, bias=bias, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The hidden activation, the key that W_out reads (Chapter 14), is sown as `hidden`."""

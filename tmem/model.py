@@ -9,6 +9,7 @@ from flax import nnx
 from tmem.autoencoder import AutoEncoder
 from tmem.backbone import Backbone, final_norm
 from tmem.config import Config
+from tmem.layers import linear
 from tmem.vector_model import VectorModel
 
 
@@ -29,7 +30,7 @@ class LM(Backbone):
         # the stack's parameters are drawn after the embedding's: the order of draws is the initialisation
         super().__init__(m, cfg.mixer, cfg.mlp, max_len, rngs=rngs)
         self.norm = final_norm(m, rngs)
-        self.unembed = None if m.tie_embeddings else nnx.Linear(m.width, vocab_size, use_bias=False, rngs=rngs)
+        self.unembed = None if m.tie_embeddings else linear(m.width, vocab_size, bias=False, rngs=rngs)
         if not m.train_embeddings:
             # Random fixed token codes: whatever the model stores must then live in its blocks.
             self.embed.embedding = Fixed(self.embed.embedding[...])

@@ -13,6 +13,7 @@ from flax import nnx
 
 from tmem.backbone import Backbone, final_norm
 from tmem.config import Config
+from tmem.layers import linear
 
 
 class VectorModel(Backbone):
@@ -26,11 +27,11 @@ class VectorModel(Backbone):
     def __init__(self, cfg: Config, token_dim: int, max_len: int, *, rngs: nnx.Rngs):
         m = cfg.model
         self.identity = m.read_in == "identity"  # validation has resolved auto
-        self.read_in = None if self.identity else nnx.Linear(token_dim, m.width, rngs=rngs)
+        self.read_in = None if self.identity else linear(token_dim, m.width, bias=True, rngs=rngs)
         super().__init__(m, cfg.mixer, cfg.mlp, max_len, rngs=rngs)  # drawn after the read-in, as always
         if not self.identity:
             self.norm = final_norm(m, rngs)
-            self.read_out = nnx.Linear(m.width, 1, rngs=rngs)
+            self.read_out = linear(m.width, 1, bias=True, rngs=rngs)
 
     def __call__(self, inputs_btd, *, positions=None, head_mask=None, states=None):
         return self.forward(inputs_btd, positions=positions, head_mask=head_mask, states=states)[0]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import rope
+from tmem.layers import linear, rope
 from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
@@ -125,14 +125,14 @@ class SoftmaxAttention(Mixer):
         self.cfg, self.rope = cfg, rope
         self.heads, self.d_head = cfg.heads, width // cfg.heads
         self.kv_heads = cfg.kv_heads or cfg.heads
-        self.qkv = nnx.Linear(width, width + 2 * cfg.kv_width(width), use_bias=cfg.bias, rngs=rngs)
-        self.out = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
+        self.qkv = linear(width, width + 2 * cfg.kv_width(width), bias=cfg.bias, rngs=rngs)
+        self.out = linear(width, width, bias=cfg.bias, rngs=rngs)
         if cfg.qk_norm == "rms":
             self.q_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
             self.k_norm = nnx.RMSNorm(self.d_head, rngs=rngs)
         # drawn after every parameter the plain layer has, so with these off it initialises as it always did
         if cfg.output_gate:
-            self.gate = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
+            self.gate = linear(width, width, bias=cfg.bias, rngs=rngs)
         if cfg.sinks:
             self.sinks = nnx.Param(jnp.zeros((cfg.heads,)))
         if cfg.length_scale == "ssmax":

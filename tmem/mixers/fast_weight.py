@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv, l2_normalize, rms_norm, short_conv
+from tmem.layers import ShortConv, dense, l2_normalize, linear, rms_norm, short_conv
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
@@ -165,30 +165,30 @@ class FastWeight(Mixer):
         self.cfg = cfg
         H, G = cfg.heads, cfg.groups
         self.d_key, self.d_phi, self.d_value = d_key, d_phi, d_value = cfg.widths(width)
-        linear = lambda n_in, n_out, bias=False: nnx.Linear(n_in, n_out, use_bias=bias, rngs=rngs)  # noqa: E731
-        self.q, self.k, self.v = linear(width, G * d_key), linear(width, G * d_key), linear(width, H * d_value)
+        layer = lambda n_in, n_out, bias=False: linear(n_in, n_out, bias=bias, rngs=rngs)  # noqa: E731
+        self.q, self.k, self.v = layer(width, G * d_key), layer(width, G * d_key), layer(width, H * d_value)
         if cfg.short_conv:  # one per projection, as in fla: a shared one would mix q, k and v in one buffer
             conv = lambda n: ShortConv(n, cfg.short_conv, bias=cfg.conv_bias, rngs=rngs)  # noqa: E731
             self.conv_q, self.conv_k, self.conv_v = conv(G * d_key), conv(G * d_key), conv(H * d_value)
         if cfg.decay == "scalar":
-            self.dt = linear(width, H)
+            self.dt = layer(width, H)
             dt = jnp.exp(jax.random.uniform(rngs.params(), (H,), minval=math.log(DT_RANGE[0]),
                                             maxval=math.log(DT_RANGE[1])))
             self.dt_bias = nnx.Param(_inverse_softplus(dt))
             self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (H,), minval=A_RANGE[0],
                                                               maxval=A_RANGE[1])))
         if cfg.decay == "vector":
-            self.gate_down, self.gate_up = linear(width, GLA_RANK), linear(GLA_RANK, H * d_phi, bias=True)
+            self.gate_down, self.gate_up = layer(width, GLA_RANK), layer(GLA_RANK, H * d_phi, bias=True)
         if cfg.write_strength == "sigmoid":
-            self.beta = linear(width, H)
+            self.beta = layer(width, H)
         if cfg.skip:
             self.D = nnx.Param(jnp.ones((H,)))
         if cfg.output_norm:
             self.norm = nnx.RMSNorm(d_value if cfg.output_norm_over == "head" else H * d_value, epsilon=1e-5,
                                     rngs=rngs)
         if cfg.output_gate:
-            self.gate = linear(width, H * d_value)
-        self.out = linear(H * d_value, width)
+            self.gate = layer(width, H * d_value)
+        self.out = layer(H * d_value, width)
         if cfg.qk_norm == "rms":  # made last, so the rows without it draw their parameters as before
             self.q_norm, self.k_norm = (nnx.RMSNorm(d_phi, rngs=rngs) for _ in range(2))
 
@@ -208,7 +208,7 @@ class FastWeight(Mixer):
         """
         names = [name for name in ("q", "k", "v", "gate", "beta", "dt", "gate_down") if hasattr(self, name)]
         kernels = [getattr(self, name).kernel[...] for name in names]
-        y = x_btd @ jnp.concatenate(kernels, axis=1)
+        y = dense(x_btd, jnp.concatenate(kernels, axis=1))
         ends = list(itertools.accumulate(w.shape[1] for w in kernels))
         return dict(zip(names, jnp.split(y, ends[:-1], axis=-1)))
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from tmem.layers import linear
 from tmem.memory.hopfield import hopfield_read
 from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
@@ -72,9 +73,9 @@ class Hopfield(Mixer):
         del rope  # not applied: see HopfieldConfig
         self.cfg = cfg
         self.heads, self.d_head = cfg.heads, width // cfg.heads
-        self.cue = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
-        self.patterns = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
-        self.out = nnx.Linear(width, width, use_bias=cfg.bias, rngs=rngs)
+        self.cue = linear(width, width, bias=cfg.bias, rngs=rngs)
+        self.patterns = linear(width, width, bias=cfg.bias, rngs=rngs)
+        self.out = linear(width, width, bias=cfg.bias, rngs=rngs)
         self.beta = cfg.temperature if cfg.temperature is not None else self.d_head ** -0.5
         if cfg.learn_temperature:
             self.log_beta = nnx.Param(jnp.full((cfg.heads,), math.log(self.beta)))
