@@ -58,7 +58,8 @@ def test_the_filter_with_its_silu_equals_its_definition_values_and_gradients(bia
 def test_dense_and_its_linear_layer_equal_the_plain_product_values_and_gradients():
     """`dense` only rewrites the weight gradient's product; `linear` is an nnx.Linear through it."""
     ks = jax.random.split(jax.random.key(0), 4)
-    x, w, dy = jax.random.normal(ks[0], (3, 5, 7)), jax.random.normal(ks[1], (7, 4)), jax.random.normal(ks[2], (3, 5, 4))
+    x, w = jax.random.normal(ks[0], (3, 5, 7)), jax.random.normal(ks[1], (7, 4))
+    dy = jax.random.normal(ks[2], (3, 5, 4))
     full = jax.lax.Precision.HIGHEST
     y, pullback = jax.vjp(lambda x, w: dense(x, w, full), x, w)
     y_ref, pullback_ref = jax.vjp(lambda x, w: jnp.matmul(x, w, precision=full), x, w)
