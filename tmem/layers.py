@@ -45,9 +45,9 @@ def dense(x: jax.Array, w: jax.Array, precision=None) -> jax.Array:
 
     Autodiff's x^T dy contracts both operands over their leading (token) axis;
     XLA's CPU backend then wrote the larger one, dy, transposed inside the
-    fusion that made it (a strided write, the most expensive operation of a
-    fast-weight row's backward). As dy^T x, transposed after, it contracts
-    both in place: the linear row's step took 0.87 of the time (BENCHMARKS.md).
+    fusion that made it (a strided write, the most expensive operation of the
+    linear row's backward). As dy^T x, transposed after, it contracts both in
+    place: the linear row's step took 0.85 of the time (BENCHMARKS.md).
     """
     return jnp.matmul(x, w, precision=precision)
 

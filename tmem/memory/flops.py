@@ -51,8 +51,9 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
     trains (RetNet's is fixed); decay_heads: the heads its factors are made for, when fewer than BH (RetNet's is
     shared by the batch: its H heads); qk_heads: the heads one q and k serve (H for Mamba-2's one group, whose
     scores are made once for its heads and their gradients summed back). reads: None (every position) or the
-    number of (example, read, head) rows `_read_at` reads. The state passes through a scan over chunks only when there are several (once: count
-    one step of it, as XLA does); with one chunk nothing reads it, and the quadratic form is all.
+    number of (example, read, head) rows `_read_at` reads. The state passes through a scan over chunks only
+    when there are several (once: count one step of it, as XLA does); with one chunk nothing reads it, and the
+    quadratic form is all.
     """
     N = math.ceil(T / chunk)
     C, chunks, rows = chunk, BH * N, BH * N * chunk
