@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, quick_only
 from tasks import TASKS, Cursor, draw, draw_rows
 from tasks.examples import permuted
 from tasks.linreg import LinReg
+from tasks.mad_compression import Compression
 from tasks.memorize import Memorize
 from tasks.mqar import MQAR
 from tmem.config import ConfigError, validate
@@ -30,24 +31,27 @@ def test_each_epoch_order_is_a_permutation():
     assert not np.array_equal(a[2], b[2]) and not np.array_equal(a[2], np.arange(1000))  # keyed, and shuffled
 
 
-def test_rows_of_a_batch_are_drawn_alone():
+# a token task's own keys, a MAD task's, a fixed set's positions, and two tasks with neither (every device draws
+# the batch and keeps its rows); the quick subset keeps MQAR's keys
+TASKS_DRAWN = {"mqar": MQAR(vocab=32, seq_len=16, num_kv_pairs=2), "compression": Compression(vocab=8, seq_len=8),
+               "fixed-set": MQAR(vocab=32, seq_len=16, num_kv_pairs=2, train_examples=6),
+               "linreg": LinReg(dim=3, num_examples=4), "memorize": Memorize(num_facts=64, num_values=8, seq_len=4)}
+
+
+@pytest.mark.parametrize("name", quick_only(list(TASKS_DRAWN), {"mqar"}))
+def test_rows_of_a_batch_are_drawn_alone(name):
     """The rows a data mesh's devices draw, slice by slice, put back together, are the batch one device draws at
     once: from a fixed set's positions, from a token task's own keys, and cut from the whole batch for a task with
     neither."""
-    key = jax.random.key(3)
-    sources = [
-        (MQAR(vocab=32, seq_len=16, num_kv_pairs=2), key),
-        (MQAR(vocab=32, seq_len=16, num_kv_pairs=2, train_examples=6), Cursor(jax.random.key_data(key), jnp.int32(5))),
-        (LinReg(dim=3, num_examples=4), key),  # neither: every device draws the batch and keeps its rows
-    ]
-    for task, source in sources:
-        drawn = jax.jit(lambda starts, task=task, source=source: (  # traced starts, as a device's are
-            draw(task, source, 12), [draw_rows(task, source, 12, starts[i], 4) for i in range(3)]))
-        whole, put_back = drawn(jnp.arange(0, 12, 4))
-        for name, leaf in whole.__dict__.items():
-            if isinstance(leaf, jax.Array):
-                got = np.concatenate([np.asarray(getattr(b, name)) for b in put_back])
-                np.testing.assert_array_equal(got, np.asarray(leaf), err_msg=f"{type(task).__name__} {name}")
+    task, key = TASKS_DRAWN[name], jax.random.key(3)
+    source = Cursor(jax.random.key_data(key), jnp.int32(5)) if name == "fixed-set" else key
+    drawn = jax.jit(lambda starts: (  # traced starts, as a device's are
+        draw(task, source, 12), [draw_rows(task, source, 12, starts[i], 4) for i in range(3)]))
+    whole, put_back = drawn(jnp.arange(0, 12, 4))
+    for field, leaf in whole.__dict__.items():
+        if isinstance(leaf, jax.Array):
+            got = np.concatenate([np.asarray(getattr(b, field)) for b in put_back])
+            np.testing.assert_array_equal(got, np.asarray(leaf), err_msg=f"{name} {field}")
 
 
 def test_a_fixed_set_repeats_its_examples_epoch_after_epoch():

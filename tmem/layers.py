@@ -66,11 +66,10 @@ def _dense_bwd(precision, residuals, dy):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
-    """nnx.Linear's contraction (the input's last axis with the kernel's first) through `dense`."""
-    (contracting, batch), kwargs = dimension_numbers, {k: v for k, v in kwargs.items() if v is not None}
-    if contracting != ((lhs.ndim - 1,), (0,)) or batch != ((), ()) or rhs.ndim != 2 or kwargs:
-        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
+def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, **unset):
+    """nnx.Linear's product through `dense`: Linear always contracts the input's last axis with the kernel's
+    first, and `linear` sets no element type and passes no sharding (`unset`, all None)."""
+    del dimension_numbers, unset
     return dense(lhs, rhs, precision)
 
 
