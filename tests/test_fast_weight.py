@@ -80,7 +80,20 @@ def test_the_output_gate_scales_each_read_by_its_activation():
     np.testing.assert_allclose(read["silu"], 0.0, atol=1e-7)
 
 
+def test_the_forget_bias_sets_glas_first_decays():
+    """With the gate's input weights at zero its logits are the bias b, so every decay is sigmoid(b)^(1/16):
+    0.958 a token at fla's b = 0, 0.9989 at GLA's default b = 4."""
+    x = jax.random.normal(jax.random.key(0), (2, 9, 16))
+    for bias in (0.0, 4.0):
+        layer = FastWeight(FastWeightConfig(decay="vector", heads=2, forget_bias=bias), 16, rope=False,
+                           rngs=nnx.Rngs(0))
+        layer.gate_down.kernel[...] = jnp.zeros_like(layer.gate_down.kernel[...])
+        log_a, _ = layer.decay_and_strength(layer.projections(x))
+        np.testing.assert_allclose(jnp.exp(log_a), jax.nn.sigmoid(bias) ** (1 / 16), rtol=1e-6)
+
+
 @pytest.mark.parametrize("override, message", [
+    ("mixer.forget_bias=4", "mixer.forget_bias=4.0 needs decay=vector"),
     ("mixer.gate_activation=tanh", "mixer.gate_activation='tanh' is not one of: silu, sigmoid"),
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),

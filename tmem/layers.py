@@ -73,9 +73,10 @@ def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, **unset):
     return dense(lhs, rhs, precision)
 
 
-def linear(n_in: int, n_out: int, *, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+def linear(n_in: int, n_out: int, *, bias: bool, rngs: nnx.Rngs,
+           bias_init=nnx.initializers.zeros_init()) -> nnx.Linear:
     """An nnx.Linear (the same parameters, initialisation and dtype handling) whose product is `dense`."""
-    return nnx.Linear(n_in, n_out, use_bias=bias, dot_general=_dense_dot_general, rngs=rngs)
+    return nnx.Linear(n_in, n_out, use_bias=bias, bias_init=bias_init, dot_general=_dense_dot_general, rngs=rngs)
 
 
 # The score function applied to the keys' match W_in x (Chapter 5): the read of
