@@ -42,7 +42,8 @@ from tmem.train.mesh import data_mesh, replicated  # noqa: E402
 
 def config(*overrides):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["logger=disabled", *overrides])
+        # no persistent compilation cache: each run's compile counts, as a sweep's first run's does
+        cfg = compose("train", overrides=["logger=disabled", "cluster.compilation_cache=null", *overrides])
     return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, TINY, compose_config, run_entry
 from tmem.config import ClusterConfig, ConfigError, TrainConfig, validate
 from tmem.train import rundir
-from tmem.train.cluster import cpu_devices, process_id, start
+from tmem.train.cluster import compilation_cache, cpu_devices, process_id, start
 
 RUN = [*TINY, "model.depth=1", "train.microbatch=8", "train.steps=4", "train.log_every=2", "train.eval_every=4",
        "train.checkpoint_every=4", "train.diverge_factor=null"]
@@ -111,6 +112,29 @@ def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch)
     start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=have)))
     with pytest.raises(ConfigError, match=f"cluster.cpu_devices={2 * have}: JAX already started with {have} CPU"):
         start(dataclasses.replace(cfg, cluster=ClusterConfig(cpu_devices=2 * have)))
+
+
+def test_compiled_programs_persist_in_the_configs_folder_unless_jax_has_one(tmp_path):
+    import dataclasses
+
+    cfg = validate(compose_config(TINY))
+    assert cfg.cluster.compilation_cache == "~/.cache/tmem/jax"  # on by default, per user
+    here = ClusterConfig(compilation_cache=str(tmp_path))
+    assert compilation_cache(ClusterConfig(compilation_cache="~/cc"), None) == str(Path.home() / "cc")
+    assert compilation_cache(here, "/from/the/environment") is None  # JAX_COMPILATION_CACHE_DIR's, or code's
+    assert compilation_cache(ClusterConfig(compilation_cache=None), None) is None  # null: none
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    try:  # the tests' own cache (conftest) set aside
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        start(dataclasses.replace(cfg, cluster=here))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0  # every program, not only slow ones
+        start(dataclasses.replace(cfg, cluster=ClusterConfig(compilation_cache="/elsewhere")))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)  # one already set stays
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
 @pytest.mark.parametrize("overrides, message", [

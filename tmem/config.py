@@ -154,6 +154,10 @@ class ClusterConfig:
     # --xla_force_host_platform_device_count, when set, win. A run on several processes keeps JAX's one CPU
     # device each unless given a number.
     cpu_devices: int | str = "auto"
+    # where compiled programs persist between runs (JAX's persistent compilation cache), so the runs of a sweep
+    # that share programs compile them once: a repeated run of Gated DeltaNet's default job takes 20 s, not 30
+    # (BENCHMARKS.md); null for none. JAX_COMPILATION_CACHE_DIR, when set, wins
+    compilation_cache: str | None = "~/.cache/tmem/jax"
 
     def __post_init__(self):
         if isinstance(self.cpu_devices, str) and self.cpu_devices != "auto":

@@ -76,13 +76,22 @@ def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ:
                if n == 1 or (not train.uneven(n) and train.split(n)[1] >= MIN_SHARE))
 
 
+def compilation_cache(cluster: ClusterConfig, current: str | None) -> str | None:
+    """The folder to give JAX's persistent compilation cache, or None to leave JAX's setting (`current`: the
+    JAX_COMPILATION_CACHE_DIR environment variable's, or one set in code, wins; so does `null`, no cache)."""
+    if cluster.compilation_cache is None or current is not None:
+        return None
+    return os.path.expanduser(cluster.compilation_cache)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity, which a container or taskset may narrow)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def start(cfg: Config) -> None:
-    """Before any JAX backend starts: set how many devices the CPU shows, and join the run's processes.
+    """Before any JAX backend starts: set where compiled programs persist and how many devices the CPU shows, and
+    join the run's processes.
 
     Where a backend already runs (a notebook or a test that trained before), its
     CPU devices stay as they are; a count asked for by number must match them.
@@ -90,6 +99,10 @@ def start(cfg: Config) -> None:
     import jax
     from jax._src.xla_bridge import backends_are_initialized  # jax has no public test for a started backend
 
+    cache = compilation_cache(cfg.cluster, jax.config.jax_compilation_cache_dir)
+    if cache is not None:  # every program, not only those over JAX's default of 1 s: a run compiles ~80 small ones
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     wanted = cpu_devices(cfg.cluster, cfg.train, usable_cores(), os.environ)
     if wanted is not None and not backends_are_initialized():
         jax.config.update("jax_num_cpu_devices", wanted)
