@@ -94,6 +94,7 @@ def test_the_forget_bias_sets_glas_first_decays():
 
 @pytest.mark.parametrize("override, message", [
     ("mixer.forget_bias=4", "mixer.forget_bias=4.0 needs decay=vector"),
+    ("mixer.a_range=[2,1]", r"mixer.a_range=\[2.0, 1.0\] must be \[low, high\] with 0 < low <= high"),
     ("mixer.gate_activation=tanh", "mixer.gate_activation='tanh' is not one of: silu, sigmoid"),
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),

@@ -109,3 +109,13 @@ def test_qk_groups_must_divide_the_heads(tiny_cfg):
         tiny_cfg("mixer=mamba2", "mixer.heads=4", "mixer.qk_groups=3")
     with pytest.raises(ConfigError, match="mixer.output_norm_over='group' is not one of: head, width"):
         tiny_cfg("mixer=mamba2", "mixer.output_norm_over=group")
+
+
+def test_a_range_draws_each_heads_a_within_it():
+    """A = exp(A_log) uniform in mixer.a_range: the reference's (1, 16) by default, Mamba-2's row (0.1, 1)."""
+    for a_range in ((1.0, 16.0), (0.1, 1.0)):
+        layer = FastWeight(FastWeightConfig(**MAMBA2, a_range=a_range), 16, rope=False, rngs=nnx.Rngs(0))
+        A = np.exp(np.asarray(layer.A_log[...]))
+        assert A.shape == (4,) and np.all((A >= a_range[0]) & (A <= a_range[1]))
+    with pytest.raises(ValueError, match=r"mixer.a_range=\[0.1, 1.0\] needs decay=scalar"):
+        FastWeightConfig(a_range=(0.1, 1.0)).check(16)

@@ -44,7 +44,7 @@ WRITE_STRENGTHS = ("one", "sigmoid", "dt")
 FORMS = ("chunked", "recurrent")
 NORM_OVER = ("head", "width")
 
-# Initialisations of the reference layers (anchors/mixers.md): Mamba-2's A ~ U(1, 16) and
+# Initialisations of the reference layers (anchors/mixers.md): Mamba-2's A ~ U(1, 16) (mixer.a_range) and
 # dt ~ logU(1e-3, 1e-1); GLA's low-rank gate with temperature 16.
 A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)
 GLA_RANK, GLA_TEMPERATURE = 16, 16.0
@@ -85,6 +85,9 @@ class FastWeightConfig(MixerConfig):
     # norm_before_gate=False)
     gate_before_norm: bool = False
     gate_activation: str = "silu"  # silu (fla, Mamba-2) | sigmoid: starts at 1/2, not near 0 (MEMORY.md: small heads)
+    # the scalar decay's A = exp(A_log) starts uniform in this range (Mamba-2's A_init_range, (1, 16)): with dt the
+    # decay is exp(-A dt), so a smaller A starts the memory forgetting more slowly (Mamba-2's row: (0.1, 1), MEMORY.md)
+    a_range: tuple[float, float] = A_RANGE
     # the vector decay's gate logits start at this bias (fla's GLA: 0, a decay of 0.958 a token); a forget gate
     # that starts open, as in LSTMs: at 4 (0.9989 a token) GLA reaches 0.99 in fewer steps (MEMORY.md)
     forget_bias: float = 0.0
@@ -120,6 +123,10 @@ class FastWeightConfig(MixerConfig):
             raise ValueError("mixer.qk_norm must be l2 with rule=delta: the delta write is stable for unit keys only")
         if self.write_strength == "dt" and self.decay != "scalar":
             raise ValueError("mixer.write_strength=dt needs decay=scalar, which defines dt")
+        if len(self.a_range) != 2 or not 0 < self.a_range[0] <= self.a_range[1]:
+            raise ValueError(f"mixer.a_range={list(self.a_range)} must be [low, high] with 0 < low <= high")
+        if tuple(self.a_range) != A_RANGE and self.decay != "scalar":
+            raise ValueError(f"mixer.a_range={list(self.a_range)} needs decay=scalar, whose A it draws")
         if self.forget_bias and self.decay != "vector":
             raise ValueError(f"mixer.forget_bias={self.forget_bias} needs decay=vector, whose gate it starts")
         if self.normalize and (self.rule != "add" or self.feature_map == "identity"):
@@ -180,8 +187,8 @@ class FastWeight(Mixer):
             dt = jnp.exp(jax.random.uniform(rngs.params(), (H,), minval=math.log(DT_RANGE[0]),
                                             maxval=math.log(DT_RANGE[1])))
             self.dt_bias = nnx.Param(_inverse_softplus(dt))
-            self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (H,), minval=A_RANGE[0],
-                                                              maxval=A_RANGE[1])))
+            self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (H,), minval=cfg.a_range[0],
+                                                              maxval=cfg.a_range[1])))
         if cfg.decay == "vector":
             self.gate_down = layer(width, GLA_RANK)
             self.gate_up = linear(GLA_RANK, H * d_phi, bias=True, rngs=rngs,
