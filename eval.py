@@ -39,8 +39,10 @@ OmegaConf.register_new_resolver("tmem.eval_dir", eval_dir, replace=True)
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> dict:
     from tmem.train.checkpoint import CheckpointError
+    from tmem.train.cluster import use_compilation_cache
     from tmem.train.evaluate import evaluate
 
+    use_compilation_cache(cfg.compilation_cache)  # the probes' programs, compiled once across evaluations
     try:
         logger = parse_group("logger", LoggerConfig, cfg.logger)
         probes = list(cfg.probes) if not isinstance(cfg.probes, str) else [cfg.probes]

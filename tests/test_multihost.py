@@ -120,9 +120,9 @@ def test_compiled_programs_persist_in_the_configs_folder_unless_jax_has_one(tmp_
     cfg = validate(compose_config(TINY))
     assert cfg.cluster.compilation_cache == "~/.cache/tmem/jax"  # on by default, per user
     here = ClusterConfig(compilation_cache=str(tmp_path))
-    assert compilation_cache(ClusterConfig(compilation_cache="~/cc"), None) == str(Path.home() / "cc")
-    assert compilation_cache(here, "/from/the/environment") is None  # JAX_COMPILATION_CACHE_DIR's, or code's
-    assert compilation_cache(ClusterConfig(compilation_cache=None), None) is None  # null: none
+    assert compilation_cache("~/cc", None) == str(Path.home() / "cc")
+    assert compilation_cache(str(tmp_path), "/from/the/environment") is None  # JAX_COMPILATION_CACHE_DIR's, or code's
+    assert compilation_cache(None, None) is None  # null: none
     before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     try:  # the tests' own cache (conftest) set aside
         jax.config.update("jax_compilation_cache_dir", None)

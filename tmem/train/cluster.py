@@ -76,12 +76,23 @@ def cpu_devices(cluster: ClusterConfig, train: TrainConfig, cores: int, environ:
                if n == 1 or (not train.uneven(n) and train.split(n)[1] >= MIN_SHARE))
 
 
-def compilation_cache(cluster: ClusterConfig, current: str | None) -> str | None:
+def compilation_cache(folder: str | None, current: str | None) -> str | None:
     """The folder to give JAX's persistent compilation cache, or None to leave JAX's setting (`current`: the
     JAX_COMPILATION_CACHE_DIR environment variable's, or one set in code, wins; so does `null`, no cache)."""
-    if cluster.compilation_cache is None or current is not None:
+    if folder is None or current is not None:
         return None
-    return os.path.expanduser(cluster.compilation_cache)
+    return os.path.expanduser(folder)
+
+
+def use_compilation_cache(folder: str | None) -> None:
+    """Keep compiled programs in `folder` across processes (train.py's cluster.compilation_cache, eval.py's
+    compilation_cache), unless JAX has a cache already; before anything compiles."""
+    import jax
+
+    cache = compilation_cache(folder, jax.config.jax_compilation_cache_dir)
+    if cache is not None:  # every program, not only those over JAX's default of 1 s: a run compiles ~80 small ones
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def usable_cores() -> int:
@@ -99,10 +110,7 @@ def start(cfg: Config) -> None:
     import jax
     from jax._src.xla_bridge import backends_are_initialized  # jax has no public test for a started backend
 
-    cache = compilation_cache(cfg.cluster, jax.config.jax_compilation_cache_dir)
-    if cache is not None:  # every program, not only those over JAX's default of 1 s: a run compiles ~80 small ones
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    use_compilation_cache(cfg.cluster.compilation_cache)
     wanted = cpu_devices(cfg.cluster, cfg.train, usable_cores(), os.environ)
     if wanted is not None and not backends_are_initialized():
         jax.config.update("jax_num_cpu_devices", wanted)
