@@ -129,7 +129,7 @@ class FastWeightConfig(MixerConfig):
             raise ValueError("mixer.write_strength=dt needs decay=scalar, which defines dt")
         if len(self.a_range) != 2 or not 0 < self.a_range[0] <= self.a_range[1]:
             raise ValueError(f"mixer.a_range={list(self.a_range)} must be [low, high] with 0 < low <= high")
-        if tuple(self.a_range) != A_RANGE and self.decay != "scalar":
+        if self.a_range != A_RANGE and self.decay != "scalar":
             raise ValueError(f"mixer.a_range={list(self.a_range)} needs decay=scalar, whose A it draws")
         if self.forget_bias and self.decay != "vector":
             raise ValueError(f"mixer.forget_bias={self.forget_bias} needs decay=vector, whose gate it starts")
