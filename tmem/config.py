@@ -275,7 +275,7 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+        parsed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]
@@ -285,6 +285,11 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     except (ValueError, TypeError) as e:
         message = str(e) if str(e).startswith(section) else f"{section}: {e}"
         raise ConfigError(message) from None
+    # OmegaConf gives a tuple field a list; a config must hash (jit takes a model's structure, which holds its
+    # mixer's config, as static)
+    lists = {f.name: tuple(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
+             if str(f.type).startswith("tuple") and isinstance(getattr(parsed, f.name), list)}
+    return dataclasses.replace(parsed, **lists) if lists else parsed
 
 
 def _registered(section: str, node: Any, registry: dict):

@@ -100,10 +100,6 @@ class FastWeightConfig(MixerConfig):
     sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
     # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 
-    def __post_init__(self):
-        # YAML gives a list, and a config must hash: jit takes the model's structure, which holds it, as static
-        object.__setattr__(self, "a_range", tuple(self.a_range))
-
     def check(self, width: int) -> None:
         for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
                                ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "rms", "l2")), ("form", FORMS),
