@@ -38,6 +38,7 @@ def test_bfloat16_agrees_with_float32_within_its_precision(tiny_cfg, mixer):
     assert any("dot_general" in line and "bf16[" in line.split("=")[0] for line in program.splitlines())
 
 
+@pytest.mark.slow  # 3 s: a compiled step; the quick subset keeps the bfloat16 forward's agreement above
 def test_a_bfloat16_step_keeps_parameters_and_optimizer_state_in_float32(tiny_cfg):
     cfg, _ = tiny_cfg("train.compute_dtype=bfloat16")
     built = build(cfg)

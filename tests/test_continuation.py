@@ -68,11 +68,9 @@ def _read(model, inputs, splits):
     return full, jnp.concatenate(outs, 1), lengths
 
 
-# the quick subset: each kind of state once (a cache, a store, none, a fast-weight matrix), tied blocks with
-# learned positions, RoPE and the vector model; the rest are slow (a delta rule continues quick in
-# tests/test_chunked.py)
-QUICK = {"tokens-softmax-rope", "tokens-lsa", "tokens-none-tied-learned", "tokens-retnet-tied-learned",
-         "vectors-lsa", "vectors-softmax"}
+# the quick subset: a cache with RoPE, a fast-weight matrix in tied blocks with learned positions, and a store
+# in the vector model; the rest are slow (a delta rule continues quick in tests/test_chunked.py)
+QUICK = {"tokens-softmax-rope", "tokens-retnet-tied-learned", "vectors-lsa"}
 
 
 @pytest.mark.parametrize("case", quick_only(sorted(cases()), QUICK))

@@ -69,6 +69,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     assert summary["resumed_from"] == step and summary["steps"] == step + 10
 
 
+@pytest.mark.slow  # 15 s with the run it trains; the quick subset runs eval.py on a missing run (below)
 def test_eval_writes_report_and_figure(tiny_run):
     done = run_entry("eval.py", f"run={tiny_run}", "probes=[mqar_distance]", "logger=disabled")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -79,23 +80,25 @@ def test_eval_writes_report_and_figure(tiny_run):
     assert (tiny_run / "eval" / "mqar_distance.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # a second eval process; the quick subset's eval reads the latest step
+@pytest.mark.slow  # a second eval process
 def test_eval_restores_any_checkpoint_step(tiny_run):
     done = run_entry("eval.py", f"run={tiny_run}", "step=10", "probes=[mqar_distance]", "logger=disabled")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tiny_run / "eval" / "report.json").read_text())["step"] == 10
 
 
-@pytest.mark.parametrize("args, message", quick_only([  # a process each: the quick subset keeps one
+# a process each: the quick subset keeps one, and one that needs no trained run
+@pytest.mark.parametrize("args, message", quick_only([
     pytest.param(["run={tmp}/nothing"], "error: run={tmp}/nothing: no such directory", id="no-run"),
     pytest.param(["run={tmp}"], "has no checkpoints/ folder", id="no-checkpoints"),
     pytest.param(["run={run}", "probes=[nope]"], "error: probes: unknown probe 'nope'; allowed: mqar_distance, ",
                  id="unknown-probe"),
     pytest.param(["probes=[mqar_distance]"],
                  "error: probe 'mqar_distance' needs a trained model: pass run=<run dir>", id="needs-a-run"),
-], {"unknown-probe"}))
-def test_eval_errors_are_one_line(tiny_run, tmp_path, args, message):
-    fill = lambda s: s.format(tmp=tmp_path, run=tiny_run)  # noqa: E731
+], {"no-run"}))
+def test_eval_errors_are_one_line(request, tmp_path, args, message):
+    run = request.getfixturevalue("tiny_run") if any("{run}" in a for a in args) else None  # trained if read
+    fill = lambda s: s.format(tmp=tmp_path, run=run)  # noqa: E731
     done = run_entry("eval.py", *map(fill, args), *(["probes=[mqar_distance]"] if len(args) == 1 and
                                                       "probes" not in args[0] else []), "logger=disabled")
     assert done.returncode != 0

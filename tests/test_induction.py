@@ -96,6 +96,7 @@ def test_ablation_separates_the_circuit_from_idle_heads(handbuilt_report):
     assert {"head", "layer", "previous_token_heads", "control"} == {r["kind"] for r in report["ablation"]}
 
 
+@pytest.mark.slow  # 5 s; the quick subset probes the hand-built two-layer circuit
 def test_without_the_layer_below_nothing_forms_and_the_report_says_so():
     cfg, model = induction_model(depth=1)  # only the previous-token layer
     report, _ = analyse(model, cfg.task, jax.random.key(0), OPTIONS)

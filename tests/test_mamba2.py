@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import quick_only
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 
 MAMBA2 = dict(decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, heads=4)
@@ -68,9 +69,11 @@ def mamba2(form="chunked", **knobs):
     return layer
 
 
-@pytest.mark.parametrize("knobs", [REFERENCE, BEFORE, dict(qk_groups=2, output_norm_over="head", gate_before_norm=True),
-                                   dict(qk_groups=4, conv_bias=True, output_norm_over="width")],
-                         ids=["reference", "before", "two-groups-gate-first", "per-head-groups-width-norm"])
+@pytest.mark.parametrize("knobs", quick_only([
+    pytest.param(REFERENCE, id="reference"), pytest.param(BEFORE, id="before"),
+    pytest.param(dict(qk_groups=2, output_norm_over="head", gate_before_norm=True), id="two-groups-gate-first"),
+    pytest.param(dict(qk_groups=4, conv_bias=True, output_norm_over="width"), id="per-head-groups-width-norm")],
+    {"reference", "before"}))  # the quick subset: the layer and the one before it
 def test_the_layer_equals_its_written_out_definition_in_both_forms(knobs):
     x = jax.random.normal(jax.random.key(1), (2, 9, 16))
     want = definition(mamba2(**knobs), x)

@@ -31,6 +31,7 @@ def test_loss_goes_down(tiny_cfg, tmp_path):
     assert summary["steps"] == 150 and summary["status"] == "completed"
 
 
+@pytest.mark.slow  # 6 s from a cold cache; the quick subset trains in tests/test_entry_points.py
 def test_summary_fields(tiny_cfg, tmp_path):
     cfg, resolved = tiny_cfg()
     summary = run(cfg, tmp_path, resolved)

@@ -69,6 +69,7 @@ def test_a_fixed_set_repeats_its_examples_epoch_after_epoch():
     assert not other_seed & set(rows)  # another train.seed, another training set
 
 
+@pytest.mark.slow  # 5 s: two compiles of a step; the quick subset draws the fixed set above
 def test_the_train_step_draws_its_batch_from_the_fixed_set(tiny_cfg):
     from tmem.train.build import build
     from tmem.train.step import make_loss, make_train_step
