@@ -169,14 +169,45 @@ def test_a_row_evaluates_in_its_eval_form_with_the_same_parameters(tiny_cfg):
 
     cfg, _ = tiny_cfg("mixer=gated_deltanet", "model.depth=1")
     graphdef, state, _, _ = build(cfg)
-    scan = evaluation_graphdef(cfg, graphdef)
+    scan = evaluation_graphdef(graphdef, state.params, state.rest)
     assert forms(graphdef) == {"chunked"} and forms(scan) == {"recurrent"}
     batch = heldout(cfg.task)
     chunked = make_eval(graphdef, cfg.task)(state.params, state.rest, batch)
     scanned = make_eval(scan, cfg.task)(state.params, state.rest, batch)
     for k in chunked:
         np.testing.assert_allclose(scanned[k], chunked[k], rtol=1e-5)
-    assert evaluation_graphdef(*tiny_cfg("mixer=linear")[:1], graphdef) is graphdef  # no eval_form: the same
+    assert forms(graphdef) == {"chunked"}  # the model the evaluation was read from keeps its own form
+    linear = build(tiny_cfg("mixer=linear")[0])
+    assert evaluation_graphdef(linear.graphdef, linear.state.params, linear.state.rest) is linear.graphdef
+
+
+def test_the_heldout_probe_reads_a_row_in_its_eval_form_on_a_longer_task(tiny_cfg, monkeypatch):
+    """eval.py's held-out probe evaluates as training does, in the row's evaluation form, and a task override (a
+    longer sequence) keeps the model's own structure: the token scan's numbers are the chunked form's."""
+    import dataclasses
+
+    import tmem.probes.heldout as probe
+    from tmem.mixers.fast_weight import FastWeight
+    from tmem.train.build import build
+
+    cfg, _ = tiny_cfg("mixer=gated_deltanet", "model.depth=1")
+    model = build(cfg).model
+    read = []
+
+    def recording(graphdef, *args, **kwargs):  # the structure the probe evaluates through
+        read.append(graphdef)
+        return make_eval(graphdef, *args, **kwargs)
+
+    monkeypatch.setattr(probe, "make_eval", recording)
+    longer = dataclasses.replace(cfg.task, seq_len=24)
+    got = probe.heldout_metrics(model, longer)
+    scanned = nnx.merge(read[0], *nnx.split(model, nnx.Param, ...)[1:])
+    assert {m.cfg.form for _, m in nnx.iter_graph(scanned) if isinstance(m, FastWeight)} == {"recurrent"}
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    want = make_eval(graphdef, longer)(params, rest, heldout(longer))
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == pytest.approx(float(want[k]), rel=1e-5), k
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from flax import nnx
 
 from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
+from tmem.train.build import evaluation_graphdef
 from tmem.train.step import make_eval
 
 CHUNK = 100  # examples per forward pass: the training loop's held-out chunk
@@ -22,11 +23,13 @@ CHUNK = 100  # examples per forward pass: the training loop's held-out chunk
 def heldout_metrics(model, task, chunk: int = CHUNK) -> dict[str, float]:
     """Whatever `task.loss` returns on the held-out set, as means over the scored positions.
 
-    Training's own evaluation (`make_eval`): chunks weighted by their scored
-    positions, so a task whose metric is not a plain mean (MAD's class-macro
-    accuracy) reads here as it did in training.
+    Training's own evaluation (`make_eval`) in the mixer's evaluation form
+    (the delta rows and GLA read in the token scan): chunks weighted by their
+    scored positions, so a task whose metric is not a plain mean (MAD's
+    class-macro accuracy) reads here as it did in training.
     """
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef = evaluation_graphdef(graphdef, params, rest)
     batch = jax.jit(heldout, static_argnums=0)(task)  # sampled as training samples it, compiled
     metrics = jax.jit(make_eval(graphdef, task, chunk))(params, rest, batch)
     return {name: float(value) for name, value in metrics.items()}

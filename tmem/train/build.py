@@ -8,13 +8,13 @@ optimizer. A checkpoint restores only into the state this builds.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import optax
 from flax import nnx
 
 from tmem.config import Config
+from tmem.mixers.base import MixerConfig
 from tmem.model import build_model
 from tmem.train.optim import build_optimizer, learning_rate
 from tmem.train.step import TrainState, init_state
@@ -47,12 +47,19 @@ def build(cfg: Config, seed: int | None = None) -> Built:
     return Built(graphdef, state, tx, learning_rate(cfg.optim, cfg.train.steps))
 
 
-def evaluation_graphdef(cfg: Config, graphdef: Any) -> Any:
-    """The structure the held-out evaluation reads the trained parameters through: `graphdef`, unless the mixer
-    evaluates in another form of the same function (MixerConfig.for_evaluation), whose model holds the same
-    parameters under the same names."""
-    mixer = cfg.mixer.for_evaluation()
-    if mixer == cfg.mixer:
+def evaluation_graphdef(graphdef: Any, params: Any, rest: Any) -> Any:
+    """The structure the held-out evaluation reads these parameters through: `graphdef` with each mixer layer
+    that evaluates in another form of the same function (MixerConfig.for_evaluation) switched to it, the same
+    parameters under the same names; `graphdef` itself if none does.
+
+    Read from the model, not rebuilt from a config, so that a model read on another task than it trained on
+    (eval.py's task overrides) keeps the structure it has. The arrays are shared, not copied.
+    """
+    model = nnx.merge(graphdef, params, rest)
+    layers = [node for _, node in nnx.iter_graph(model) if isinstance(getattr(node, "cfg", None), MixerConfig)]
+    switched = [layer for layer in layers if layer.cfg.for_evaluation() != layer.cfg]
+    if not switched:
         return graphdef
-    model = nnx.eval_shape(lambda: build_model(dataclasses.replace(cfg, mixer=mixer), cfg.task))
+    for layer in switched:
+        layer.cfg = layer.cfg.for_evaluation()
     return nnx.split(model, nnx.Param, ...)[0]

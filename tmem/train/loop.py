@@ -101,8 +101,9 @@ class Trainer:
         graphdef, state, tx, schedule = built
         self.state = jax.device_put(state, whole)
         del built, state  # their arrays now live in self.state, which the step donates
-        self._evaluate = jax.jit(make_eval(evaluation_graphdef(cfg, graphdef), task, mesh=self.mesh,
-                                           compute_dtype=t.compute_dtype), out_shardings=whole)
+        evaluated = evaluation_graphdef(graphdef, self.state.params, self.state.rest)
+        self._evaluate = jax.jit(make_eval(evaluated, task, mesh=self.mesh, compute_dtype=t.compute_dtype),
+                                 out_shardings=whole)
         self.heldout = jax.jit(lambda: heldout(task), out_shardings=whole)()
         # a run has diverged when its held-out loss stays far above both chance and where it started (a large
         # init scale can start several times above chance: Zoology's figure-2 model starts at 10x)
