@@ -186,8 +186,9 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     u = beta[..., None] * v if strengths else v
     from_state = not (empty and N == 1)  # else nothing reads the state entering a chunk: it is zero
     if delta:
-        L = beta[..., None] * intra_scores(k, k, b, sub_chunk, strict=True, precision=precision)
-        rhs = jnp.concatenate([u, beta[..., None] * _times(k, to_start)], axis=-1) if from_state else u
+        k_beta = beta[..., None] * k  # L_ij = beta_i k_i . k_j: beta's gradient then sums d_k channels, not C keys
+        L = intra_scores(k_beta, k, b, sub_chunk, strict=True, precision=precision)
+        rhs = jnp.concatenate([u, _times(k_beta, to_start)], axis=-1) if from_state else u
         solved = unit_lower_solve(L, rhs, precision)
         u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
 

@@ -67,11 +67,11 @@ def chunked(BH: int, T: int, dk: int, dv: int, decay: int | None, decay_grad: bo
             flops += elementwise(decay_chunks * C * decay, (1, 1), decay_grad) + elementwise(rows * dk, by_decay)
     if strengths:
         flops += elementwise(rows * dv, SCALED)  # u = beta v
-    if delta:  # L = beta (k k^T strictly below the diagonal); U = (I + L)^{-1} rhs, rhs = [u, beta k e^b]
+    if delta:  # L = (beta k) k^T strictly below the diagonal; U = (I + L)^{-1} rhs, rhs = [u, (beta k) e^b]
         flops += (intra_scores(chunks, C, dk, decay, decay_grad, sub_chunk, decay_chunks, qk_heads)
-                  + elementwise(chunks * C * C, SCALED))
+                  + elementwise(rows * dk, SCALED))
         if from_state:
-            flops += elementwise(rows * dk, SCALED) + elementwise(rows * dk, by_decay)
+            flops += elementwise(rows * dk, by_decay)
         # the inverse has no backward: unit_lower_solve's is two matmuls with the inverse it kept, and a mask
         flops += chunks * unit_lower_inverse(C) + matmul(rows, C, dv + dk * from_state) + 2 * chunks * C * C
     elif from_state:  # every chunk's write k^T u at once, outside the scan
