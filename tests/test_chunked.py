@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import quick_only
-from tmem.memory.chunked import chunked, intra_scores
+from tmem.memory.chunked import chunked, intra_scores, unit_lower_solve
 from tmem.memory.linear_state import recurrent
 
 B, H, DK, DV = 2, 2, 4, 3
@@ -208,3 +208,25 @@ def test_precision_reaches_every_matmul(form, kw):
     assert set(dot_precisions(form, precision=FULL, **kw)) == {"HIGHEST"}
     default = dot_precisions(form, **kw)
     assert default.count("HIGHEST") == (1 if form is chunked else 0), default
+
+
+@pytest.mark.parametrize("C", quick_only([12, 64], {"12"}))  # padded to a power of two; the default chunk
+def test_the_ut_solve_reads_below_the_diagonal_only_and_equals_a_triangular_solve(C):
+    """(I + L)^{-1} R from L's strictly lower triangle, whatever is on and above the diagonal (the delta rule
+    hands it the read's scores, diagonal included): outputs and gradients of a triangular solve."""
+    kL, kR, kG = jax.random.split(jax.random.key(3), 3)
+    L = 0.3 * jax.random.normal(kL, (2, C, C))
+    R = jax.random.normal(kR, (2, C, 5))
+    dU = jax.random.normal(kG, (2, C, 5))
+    strict = jnp.tril(jnp.ones((C, C), bool), -1)
+
+    def reference(L, R):
+        unit = jnp.eye(C)[None] + jnp.where(strict[None], L, 0.0)
+        return jax.scipy.linalg.solve_triangular(unit, R, lower=True)
+
+    got, pull = jax.vjp(lambda L, R: unit_lower_solve(L, R, FULL), L, R)
+    want, pull_want = jax.vjp(reference, L, R)
+    assert rel_err(got, want) < TOL
+    (dL, dR), (dL_want, dR_want) = pull(dU), pull_want(dU)
+    assert rel_err(dR, dR_want) < TOL and rel_err(dL, dL_want) < TOL
+    assert not jnp.any(jnp.where(strict[None], 0.0, dL))  # nothing on or above the diagonal is read

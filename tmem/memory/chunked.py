@@ -37,8 +37,8 @@ def _lower(n: int, strict: bool = False) -> jax.Array:
     return jnp.tril(jnp.ones((n, n), bool), -1 if strict else 0)
 
 
-def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
-    """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i (j < i if strict), else 0.
+def intra_scores(x, k, b, sub_chunk: int, precision=None):
+    """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i, else 0.
 
     x, k [..., C, d_k], b None (no decay) or [..., C, G] with G = 1 (a scalar decay: a masked
     matmul) or G = d_k (a vector decay); x and k may have a head axis of 1 that b's broadcasts (a q and k
@@ -51,10 +51,10 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
     einsum = partial(jnp.einsum, precision=precision)
     C = x.shape[-2]
     if b is None:  # no decay: a masked matmul
-        return jnp.where(_lower(C, strict), einsum("...ik,...jk->...ij", x, k), 0.0)
+        return jnp.where(_lower(C), einsum("...ik,...jk->...ij", x, k), 0.0)
     if b.shape[-1] == 1:
         diff = b[..., :, None, 0] - b[..., None, :, 0]
-        decay = jnp.exp(jnp.where(_lower(C, strict), diff, -jnp.inf))
+        decay = jnp.exp(jnp.where(_lower(C), diff, -jnp.inf))
         return einsum("...ik,...jk->...ij", x, k) * decay
     c = max(d for d in range(1, min(sub_chunk, C) + 1) if C % d == 0)
     n = C // c
@@ -62,7 +62,7 @@ def intra_scores(x, k, b, sub_chunk: int, strict: bool = False, precision=None):
     xs, ks, bs = blocks(x), blocks(k), blocks(b)
     diff = bs[..., :, None, :] - bs[..., None, :, :]  # [..., n, c, c, d_k]
     on_block = einsum("...nik,...njk,...nijk->...nij", xs, ks,
-                      jnp.exp(jnp.where(_lower(c, strict)[..., None], diff, -jnp.inf)))
+                      jnp.exp(jnp.where(_lower(c)[..., None], diff, -jnp.inf)))
     # key block J before query block I: e^{b_i - b_j} = e^{b_i - r_I} e^{r_I - e_J} e^{e_J - b_j}, with r_I the
     # first row of block I and e_J the last of block J, so every factor is <= 1 and the exps are few
     ref, end = bs[..., :, :1, :], bs[..., :, -1:, :]
@@ -81,7 +81,8 @@ def _times(x, factor):
 
 
 def unit_lower_inverse(L, base: int = 8, precision=None):
-    """(I + L)^{-1} for strictly lower-triangular L [..., C, C], by blocks.
+    """(I + L)^{-1} for the strictly lower triangle of L [..., C, C] (what is on and above its diagonal is not
+    read), by blocks.
 
     Diagonal blocks of `base` rows are inverted by forward substitution (rows
     unrolled, all blocks at once); then inverses of the diagonal blocks double
@@ -118,7 +119,7 @@ def unit_lower_inverse(L, base: int = 8, precision=None):
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def unit_lower_solve(L, R, precision=None):
-    """(I + L)^{-1} R for strictly lower-triangular L [..., C, C] and R [..., C, d].
+    """(I + L)^{-1} R for the strictly lower triangle of L [..., C, C] (the rest is not read) and R [..., C, d].
 
     Its backward is the solve's own, two matmuls with the inverse the forward
     kept (dR = (I + L)^{-T} dU, dL = -dR U^T below the diagonal), not autodiff
@@ -187,7 +188,8 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     from_state = not (empty and N == 1)  # else nothing reads the state entering a chunk: it is zero
     if delta:
         k_beta = beta[..., None] * k  # L_ij = beta_i k_i . k_j: beta's gradient then sums d_k channels, not C keys
-        L = intra_scores(k_beta, k, b, sub_chunk, strict=True, precision=precision)
+        # the solve reads L below the diagonal only, so L takes the read's mask: one kind of scores, one mask
+        L = intra_scores(k_beta, k, b, sub_chunk, precision=precision)
         rhs = jnp.concatenate([u, _times(k_beta, to_start)], axis=-1) if from_state else u
         solved = unit_lower_solve(L, rhs, precision)
         u, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1]:]
