@@ -153,8 +153,9 @@ def test_xla_counts_the_scan_over_chunks_once():
     cfg, xla = config(*overrides), xla_flops(*overrides)
     unrolled, once = step_flops(cfg)["total"], step_flops(cfg, loop_bodies_once=True)["total"]
     assert once == pytest.approx(xla, rel=TOLERANCE)
-    # the second step in each of the 2 layers: u - w S and k^T u for 64 examples x 4 heads of d_k = d_v = 16
-    assert unrolled - once == 2 * state_pass(64 * 4, 32, 16, 16, decay=None, delta=True)
+    # the second step in each of the 2 layers: u - w S and k^T u for 64 examples x H heads of d_k = d_v = 64 / H
+    H = cfg.mixer.heads
+    assert unrolled - once == 2 * state_pass(64 * H, 32, 64 // H, 64 // H, decay=None, delta=True)
 
 
 # The rows whose default job has a loop besides the microbatches': mesa's 30 conjugate-gradient steps, each
@@ -208,10 +209,11 @@ def test_xla_counts_the_scan_over_tokens_once(row):
 @pytest.mark.parametrize("row", RECURRENT)
 def test_the_recurrent_form_counts_its_step_at_every_token(row):
     """The step runs at each of the T = 64 tokens: 63 more times than XLA counts it, in each of the 2 layers, for
-    64 examples x 4 heads of d_k = d_v = 16."""
+    64 examples x H heads of d_k = d_v = 64 / H."""
     cfg = config(*recurrent_job(row))
     c = cfg.mixer
-    step = token_step(64 * 4, 16, 16, {"scalar": 1, "vector": 16}[c.decay], True, c.write_strength != "one",
+    d = 64 // c.heads
+    step = token_step(64 * c.heads, d, d, {"scalar": 1, "vector": d}[c.decay], True, c.write_strength != "one",
                       c.rule == "delta")
     unrolled, once = step_flops(cfg)["total"], step_flops(cfg, loop_bodies_once=True)["total"]
     assert unrolled - once == 2 * 63 * step
@@ -302,9 +304,10 @@ def test_everything_but_the_optimizer_doubles_with_the_batch(row):
     """RetNet's fixed decay is made once for the whole batch: its factors are the one other part that stays."""
     one, two = (step_flops(config(*loop_free(row), f"train.batch_size={b}")) for b in (64, 128))
     shared = 0
-    if row == "retnet":  # for 4 heads of one chunk of 64: the cumulative log decay (a matmul with a triangle of
+    if row == "retnet":  # for H heads of one chunk of 64: the cumulative log decay (a matmul with a triangle of
         # ones) in both layers, and b_i - b_j with its mask in the first (the last reads at a few positions)
-        shared = 2 * (2 * 4 * 64 * 64) + 2 * 4 * 64 * 64
+        H = config(f"mixer={row}").mixer.heads
+        shared = 2 * (2 * H * 64 * 64) + 2 * H * 64 * 64
         assert 0 < shared < 0.01 * one["mixer/memory"]
     assert two["total"] - two["optimizer"] == 2 * (one["total"] - one["optimizer"]) - shared
     assert two["optimizer"] == one["optimizer"]

@@ -50,15 +50,19 @@ def test_every_preset_is_named_and_the_grid_spells_every_named_row():
 
 @pytest.mark.parametrize("row", sorted(NAMED))
 def test_a_named_cell_resolves_to_its_rows_config(row):
-    cell, named = mixer_of("mixer=regression", *NAMED[row]), mixer_of(f"mixer={row}")
+    named = mixer_of(f"mixer={row}")
+    cell = mixer_of("mixer=regression", f"mixer.heads={named.heads}", *NAMED[row])
     # every knob of the row's YAML; the slice of the batch is the grid's (mixer.microbatch), the same update
     assert dataclasses.replace(cell, name=row, microbatch=named.microbatch) == named
+    # the grid's heads, not the row's, unless told: its cells differ in their knobs alone
+    assert mixer_of("mixer=regression", *NAMED[row]).heads == 4
     assert mixer_of("mixer=regression", "mixer.microbatch=8", *NAMED[row]).microbatch == 8
 
 
 @pytest.mark.parametrize("row", sorted(QUICK))
 def test_a_named_cell_is_its_row_the_same_function_with_the_same_parameters(row):
-    cell, named = mixer_of("mixer=regression", *NAMED[row]), mixer_of(f"mixer={row}")
+    named = mixer_of(f"mixer={row}")
+    cell = mixer_of("mixer=regression", f"mixer.heads={named.heads}", *NAMED[row])
     x = jax.random.normal(jax.random.key(1), (2, T, WIDTH))
     layers = [layer_of(c)(c, WIDTH, rope=False, rngs=nnx.Rngs(0)) for c in (cell, named)]
     trees = [jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(layer, nnx.Param))) for layer in layers]

@@ -158,7 +158,7 @@ def test_chunked_eval_equals_one_pass(tiny_cfg):
 
 
 def test_a_row_evaluates_in_its_eval_form_with_the_same_parameters(tiny_cfg):
-    """Gated DeltaNet's held-out evaluation reads in the token scan (mixer.eval_form): the trained parameters
+    """GLA's held-out evaluation reads in the token scan (mixer.eval_form): the trained parameters
     through another form of the same function, so the metrics agree with the training form's to float rounding."""
     from tmem.mixers.fast_weight import FastWeight
     from tmem.train.build import build, evaluation_graphdef
@@ -167,7 +167,7 @@ def test_a_row_evaluates_in_its_eval_form_with_the_same_parameters(tiny_cfg):
         model = nnx.merge(graphdef, state.params, state.rest)
         return {m.cfg.form for _, m in nnx.iter_graph(model) if isinstance(m, FastWeight)}
 
-    cfg, _ = tiny_cfg("mixer=gated_deltanet", "model.depth=1")
+    cfg, _ = tiny_cfg("mixer=gla", "model.depth=1")
     graphdef, state, _, _ = build(cfg)
     scan = evaluation_graphdef(graphdef, state.params, state.rest)
     assert forms(graphdef) == {"chunked"} and forms(scan) == {"recurrent"}
@@ -190,7 +190,7 @@ def test_the_heldout_probe_reads_a_row_in_its_eval_form_on_a_longer_task(tiny_cf
     from tmem.mixers.fast_weight import FastWeight
     from tmem.train.build import build
 
-    cfg, _ = tiny_cfg("mixer=gated_deltanet", "model.depth=1")
+    cfg, _ = tiny_cfg("mixer=gla", "model.depth=1")
     model = build(cfg).model
     read = []
 

@@ -9,7 +9,7 @@ and the rows differ in three choices: the weights gamma (`weights`), the
 function class M (`function`) and the optimiser (`optimizer`). A cell resolves,
 when the config is validated, to the layer that computes it: the named row's
 own config where a paper names the cell (so the preset is that row, with the
-same parameters), else the layer of its nearest family with the knobs set:
+same parameters at the same head count), else the layer of its nearest family with the knobs set:
 
 | weights | function | optimizer          | is              |
 |---------|----------|--------------------|-----------------|
@@ -54,16 +54,16 @@ DECAY_OF = {"uniform": "none", "decay": "fixed", "gate": "gated"}  # the weights
 # The named rows, as their YAML files under configs/mixer/ set them (tests/test_regression.py holds each equal to
 # its file): (weights, function, optimizer, initial) -> the row's config.
 PRESETS = {
-    ("uniform", "linear", "one_step", "zero"): FastWeightConfig(name="linear", qk_norm="l2"),
-    ("decay", "linear", "one_step", "zero"): FastWeightConfig(name="retnet", decay="fixed", output_gate=True),
+    ("uniform", "linear", "one_step", "zero"): FastWeightConfig(name="linear", qk_norm="l2", heads=2),
+    ("decay", "linear", "one_step", "zero"): FastWeightConfig(name="retnet", decay="fixed", output_gate=True, heads=2),
     ("gate", "linear", "one_step", "zero"): FastWeightConfig(
         name="mamba2", decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, qk_groups=1,
         conv_bias=True, output_norm_over="width", gate_before_norm=True, a_range=(0.1, 1.0)),
     ("uniform", "linear", "sgd", "zero"): FastWeightConfig(name="deltanet", rule="delta", write_strength="sigmoid",
-                                                           qk_norm="l2", eval_form="recurrent"),
+                                                           qk_norm="l2", heads=1),
     ("gate", "linear", "sgd", "zero"): FastWeightConfig(
         name="gated_deltanet", rule="delta", decay="scalar", write_strength="sigmoid", qk_norm="l2",
-        output_gate=True, gate_activation="sigmoid", eval_form="recurrent"),
+        output_gate=True, gate_activation="sigmoid", heads=1),
     ("gate", "linear", "exact", "zero"): MesaConfig(name="mesa"),
     ("uniform", "linear", "minibatch", "learned"): TTTConfig(name="ttt_linear"),
     ("uniform", "mlp", "minibatch", "learned"): TTTConfig(name="ttt_mlp", inner="mlp", base_lr=0.1),
@@ -84,7 +84,7 @@ class RegressionConfig(MixerConfig):
     initial: str = "auto"  # the memory before the first token: zero | learned; auto: learned for an MLP and for
     # minibatch and momentum (TTT's and Titans' learned initial weights), zero otherwise
     mini_batch: int = 16  # tokens per gradient step of minibatch and momentum
-    heads: int = 4
+    heads: int = 4  # every cell's, named or not, so that the cells of a sweep differ in their knobs alone
 
     def cell(self) -> tuple[str, str, str, str]:
         """(weights, function, optimizer, initial), with an iterative rule's weight decay folded into the
@@ -131,7 +131,7 @@ class RegressionConfig(MixerConfig):
         replace = {"heads": self.heads} if row.heads != self.heads else {}
         if optimizer in ("minibatch", "momentum") and getattr(row, "mini_batch", None) != self.mini_batch:
             replace["mini_batch"] = self.mini_batch
-        # the grid's rate and slice of the batch, not the row's: every cell of a sweep trains alike
+        # the grid's heads, rate and slice of the batch, not the row's: every cell of a sweep trains alike
         return dataclasses.replace(row, name="regression", lr=self.lr, microbatch=self.microbatch, **replace)
 
     def check(self, width: int) -> None:
