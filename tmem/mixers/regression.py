@@ -9,7 +9,8 @@ and the rows differ in three choices: the weights gamma (`weights`), the
 function class M (`function`) and the optimiser (`optimizer`). A cell resolves,
 when the config is validated, to the layer that computes it: the named row's
 own config where a paper names the cell (so the preset is that row, with the
-same parameters at the same head count), else the layer of its nearest family with the knobs set:
+same parameters at the same head count), else the layer of its nearest
+family with the knobs set:
 
 | weights | function | optimizer          | is              |
 |---------|----------|--------------------|-----------------|
