@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import quick_only
-from tmem.memory.chunked import chunked, intra_scores, unit_lower_solve
+from tmem.memory.chunked import (ONE_REFERENCE_SPAN, chunked, intra_scores, one_reference_scores,
+                                 sub_chunk_scores, unit_lower_solve)
 from tmem.memory.linear_state import recurrent
 
 B, H, DK, DV = 2, 2, 4, 3
@@ -167,18 +168,57 @@ def test_continuing_from_a_state_equals_one_pass():
     assert rel_err(S2, S_ref) <= TOL
 
 
-def test_vector_scores_in_sub_chunks_equal_per_channel_decays():
-    C = 12
+def vector_decay_scores(x, k, b):
+    """The definition: A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i, every decay made apart."""
+    C = x.shape[-2]
+    diff = b[..., :, None, :] - b[..., None, :, :]
+    decay = jnp.exp(jnp.where(jnp.tril(jnp.ones((C, C), bool))[..., None], diff, -jnp.inf))
+    return jnp.einsum("...ik,...jk,...ijk->...ij", x, k, decay, precision=FULL)
+
+
+def vector_inputs(C, per_token):
+    """x, k and a cumulative log decay whose channels fall by about per_token a token."""
     ks = jax.random.split(jax.random.key(3), 3)
     x, k = jax.random.normal(ks[0], (2, C, DK)), jax.random.normal(ks[1], (2, C, DK))
-    b = jnp.cumsum(jax.nn.log_sigmoid(jax.random.normal(ks[2], (2, C, DK))), axis=-2)
-    diff = b[:, :, None] - b[:, None, :]
-    want = jnp.einsum("bik,bjk,bijk->bij", x, k, jnp.exp(jnp.where(jnp.tril(jnp.ones((C, C), bool))[..., None],
-                                                                     diff, -jnp.inf)))
+    return x, k, jnp.cumsum(per_token * jax.nn.log_sigmoid(jax.random.normal(ks[2], (2, C, DK))), axis=-2)
+
+
+def test_vector_scores_in_sub_chunks_and_through_one_reference_equal_per_channel_decays():
+    x, k, b = vector_inputs(12, 1.0)
+    want = vector_decay_scores(x, k, b)
     subs = (1, 3, 4, 12)  # blocks of one token, of several, and the whole chunk as one block
-    got = jax.jit(lambda x, k, b: [intra_scores(x, k, b, sub, precision=FULL) for sub in subs])(x, k, b)
-    for sub, scores in zip(subs, got):
-        assert rel_err(scores, want) <= TOL, sub
+    got = jax.jit(lambda x, k, b: [sub_chunk_scores(x, k, b, sub, precision=FULL) for sub in subs]
+                  + [one_reference_scores(x, k, b, precision=FULL)])(x, k, b)
+    for form, scores in zip([*subs, "one reference"], got):
+        assert rel_err(scores, want) <= TOL, form
+
+
+@pytest.mark.parametrize("per_token, fits", [(1.0, True), (40.0, False)])
+def test_vector_scores_take_the_form_their_decays_fit_with_its_gradients(per_token, fits):
+    x, k, b = vector_inputs(12, per_token)  # spans of about 10 and about 400 in twelve tokens
+    assert bool(jnp.max(b[:, 0] - b[:, -1]) <= 2 * ONE_REFERENCE_SPAN) == fits
+    d = jax.random.normal(jax.random.key(4), (2, 12, 12))
+
+    def value_and_grad(form):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(form(*a) * d), argnums=(0, 1, 2)))(x, k, b)
+
+    want, want_grads = value_and_grad(vector_decay_scores)
+    got, grads = value_and_grad(partial(intra_scores, sub_chunk=4, precision=FULL))
+    assert abs(float(got - want)) <= TOL * abs(float(want))
+    for name, g, g_ref in zip("xkb", grads, want_grads):
+        assert rel_err(g, g_ref) <= TOL, name
+    # the test can fail: one reference is wrong where it does not fit (its factors clipped to stay finite)
+    one = one_reference_scores(x, k, b, precision=FULL)
+    assert bool(jnp.isfinite(one).all()) and (rel_err(one, vector_decay_scores(x, k, b)) <= TOL) == fits
+
+
+def test_vmapped_vector_scores_hold_where_one_example_fits_and_another_does_not():
+    x, k, b = vector_inputs(12, 1.0)
+    b = b.at[1].multiply(40.0)  # the second example spans about 400
+    scores = jax.jit(jax.vmap(partial(intra_scores, sub_chunk=4, precision=FULL)))
+    assert rel_err(scores(x, k, b), vector_decay_scores(x, k, b)) <= TOL
+    grad = lambda form: jax.jit(jax.grad(lambda b: jnp.sum(form(x, k, b))))(b)  # noqa: E731
+    assert rel_err(grad(jax.vmap(partial(intra_scores, sub_chunk=4, precision=FULL))), grad(vector_decay_scores)) <= TOL
 
 
 @pytest.mark.parametrize("decay, form", [pytest.param("scalar", chunked, marks=slow), ("vector", chunked),

@@ -19,7 +19,9 @@ system (the UT transform of the WY representation):
 So one chunk costs matmuls of size C, and only the state passes from chunk to
 chunk (a lax.scan over T / C steps). Every exponent is a difference b_i - b_j
 with j <= i, or b_C - b_j, or b_i: all <= 0, and the masked entries are set to
--inf before exp, so neither the values nor the gradients overflow.
+-inf before exp, so neither the values nor the gradients overflow; but for
+a vector decay's scores through one reference, whose exponents are kept
+within +-ONE_REFERENCE_SPAN (intra_scores).
 """
 
 from __future__ import annotations
@@ -37,16 +39,20 @@ def _lower(n: int, strict: bool = False) -> jax.Array:
     return jnp.tril(jnp.ones((n, n), bool), -1 if strict else 0)
 
 
+# a vector decay's scores factor through one reference per channel while the chunk's log decay spans at most
+# twice this: every factor's exponent is then within +-40, so neither it nor a masked product (e^80 at most)
+# leaves float32's range
+ONE_REFERENCE_SPAN = 40.0
+
+
 def intra_scores(x, k, b, sub_chunk: int, precision=None):
     """A_ij = sum_c x_ic k_jc exp(b_ic - b_jc) for j <= i, else 0.
 
     x, k [..., C, d_k], b None (no decay) or [..., C, G] with G = 1 (a scalar decay: a masked
     matmul) or G = d_k (a vector decay); x and k may have a head axis of 1 that b's broadcasts (a q and k
-    shared by the heads: their products made once). A vector decay has no single C x C
-    decay matrix, so it is taken in sub-chunks of c tokens: a block of keys
-    before the query block factors through the query block's first row and
-    the key block's last, each factor's exponent <= 0; a diagonal block keeps
-    all c x c x d_k decays (the per-channel form, c d_k exps per token).
+    shared by the heads: their products made once). A vector decay has no single C x C decay matrix; while
+    no channel decays by more than e^-80 in the chunk, the scores are one matmul through a reference per
+    channel (`one_reference_scores`), else they are taken in sub-chunks of c tokens (`sub_chunk_scores`).
     """
     einsum = partial(jnp.einsum, precision=precision)
     C = x.shape[-2]
@@ -56,6 +62,57 @@ def intra_scores(x, k, b, sub_chunk: int, precision=None):
         diff = b[..., :, None, 0] - b[..., None, :, 0]
         decay = jnp.exp(jnp.where(_lower(C), diff, -jnp.inf))
         return einsum("...ik,...jk->...ij", x, k) * decay
+    return vector_scores(x, k, b, sub_chunk, precision)
+
+
+def _vector_forms(sub_chunk, precision):
+    return (partial(one_reference_scores, precision=precision),
+            partial(sub_chunk_scores, sub_chunk=sub_chunk, precision=precision))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def vector_scores(x, k, b, sub_chunk, precision=None):
+    """intra_scores for a vector decay: one reference where it fits every channel of every chunk, else sub-chunks.
+
+    Its backward runs only the form the forward took, from x, k and b: autodiff through a lax.cond would keep
+    the residuals of both forms (the other's as zeros), which cost GLA's training step about a tenth."""
+    return _vector_scores_fwd(x, k, b, sub_chunk, precision)[0]
+
+
+def _vector_scores_fwd(x, k, b, sub_chunk, precision):
+    fits = jnp.max(jnp.max(b, axis=-2) - jnp.min(b, axis=-2)) <= 2 * ONE_REFERENCE_SPAN
+    return jax.lax.cond(fits, *_vector_forms(sub_chunk, precision), x, k, b), (x, k, b, fits)
+
+
+def _vector_scores_bwd(sub_chunk, precision, residuals, d_scores):
+    x, k, b, fits = residuals
+    return jax.lax.cond(fits, *[lambda form=form: jax.vjp(form, x, k, b)[1](d_scores)
+                                for form in _vector_forms(sub_chunk, precision)])
+
+
+vector_scores.defvjp(_vector_scores_fwd, _vector_scores_bwd)
+
+
+def one_reference_scores(x, k, b, precision=None):
+    """intra_scores for a vector decay as one matmul: e^{b_i - b_j} = e^{b_i - m} e^{m - b_j}, with m each
+    channel's midpoint between its largest and smallest b in the chunk. Exact while the chunk's log decay spans at
+    most 2 ONE_REFERENCE_SPAN in every channel (intra_scores checks); the clip keeps the factors finite where it
+    does not (a vmapped intra_scores computes both of its forms)."""
+    b_ = jax.lax.stop_gradient(b)  # m's gradient would cancel in each product
+    m = (jnp.max(b_, axis=-2, keepdims=True) + jnp.min(b_, axis=-2, keepdims=True)) / 2
+    to_m = jnp.exp(jnp.minimum(b - m, ONE_REFERENCE_SPAN))
+    from_m = jnp.exp(jnp.minimum(m - b, ONE_REFERENCE_SPAN))
+    scores = jnp.einsum("...ik,...jk->...ij", x * to_m, k * from_m, precision=precision)
+    return jnp.where(_lower(x.shape[-2]), scores, 0.0)
+
+
+def sub_chunk_scores(x, k, b, sub_chunk: int, precision=None):
+    """intra_scores for a vector decay of any span, in sub-chunks of c tokens (the largest divisor of C up to
+    sub_chunk): a block of keys before the query block factors through the query block's first row and the key
+    block's last, each factor's exponent <= 0; a diagonal block keeps all c x c x d_k decays (the per-channel
+    form, c d_k exps per token)."""
+    einsum = partial(jnp.einsum, precision=precision)
+    C = x.shape[-2]
     c = max(d for d in range(1, min(sub_chunk, C) + 1) if C % d == 0)
     n = C // c
     blocks = lambda y: y.reshape(*y.shape[:-2], n, c, y.shape[-1])  # noqa: E731

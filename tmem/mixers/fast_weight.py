@@ -97,7 +97,7 @@ class FastWeightConfig(MixerConfig):
     eval_form: str | None = None
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
     chunk: int = 64
-    sub_chunk: int = 4  # vector decays keep per-channel decays within blocks of this size
+    sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
     # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 
     def check(self, width: int) -> None:

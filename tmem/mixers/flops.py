@@ -184,7 +184,7 @@ def fast_weight(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool
     if c.form == "chunked":
         shared = H if c.decay == "fixed" else None  # RetNet's decay: made once for the batch
         qk_heads = H if G == 1 else 1  # one group's q and k reach the memory once, broadcast over the heads
-        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, c.sub_chunk, reads, once, shared, qk_heads)
+        parts["mixer/memory"] += chunked(B * H, T, *memory, c.chunk, reads, once, shared, qk_heads)
     else:
         parts["mixer/memory"] += recurrent(B * H, T, *memory, reads, once)
     return parts
@@ -245,7 +245,7 @@ def mesa(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fals
     # reading at Q positions, H_t's gradient scattered back)
     memory += reads * d * d * (3 + (Q is not None))
     memory += cg(reads, d, c.cg_steps, once)
-    memory += chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, 16, None if Q is None else reads, once)
+    memory += chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, None if Q is None else reads, once)
     parts["mixer/memory"] += memory
     return parts
 
