@@ -218,7 +218,8 @@ def test_vmapped_vector_scores_hold_where_one_example_fits_and_another_does_not(
     scores = jax.jit(jax.vmap(partial(intra_scores, sub_chunk=4, precision=FULL)))
     assert rel_err(scores(x, k, b), vector_decay_scores(x, k, b)) <= TOL
     grad = lambda form: jax.jit(jax.grad(lambda b: jnp.sum(form(x, k, b))))(b)  # noqa: E731
-    assert rel_err(grad(jax.vmap(partial(intra_scores, sub_chunk=4, precision=FULL))), grad(vector_decay_scores)) <= TOL
+    assert rel_err(grad(jax.vmap(partial(intra_scores, sub_chunk=4, precision=FULL))),
+                   grad(vector_decay_scores)) <= TOL
 
 
 @pytest.mark.parametrize("decay, form", [pytest.param("scalar", chunked, marks=slow), ("vector", chunked),
