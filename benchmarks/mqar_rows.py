@@ -72,6 +72,9 @@ def main():
     parser.add_argument("--skip-train", action="store_true", help="only the step times")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")
     args = parser.parse_args()
+    # `--rows` takes every word after it, so overrides written after the rows land there: move them back
+    args.overrides += [word for word in args.rows if "=" in word]
+    args.rows = [word for word in args.rows if "=" not in word]
     base = args.rows[0]
     start(config(f"mixer={base}", *args.overrides)[0])  # the devices train.py would train the first row on
 

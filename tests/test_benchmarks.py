@@ -25,8 +25,9 @@ def test_fast_weight_speed_times_every_row_and_form(tmp_path):
 
 @pytest.mark.slow
 def test_mqar_rows_times_each_row_against_the_first_and_trains_each(tmp_path):
-    done = run_entry("benchmarks/mqar_rows.py", "--rows", "softmax", "linear", "--seeds", "0", "--steps", "2",
-                     "--rounds", "1", "train.steps=2", "train.eval_every=1", "train.batch_size=4",
+    # the overrides after the rows, where `--rows` would take them for rows
+    done = run_entry("benchmarks/mqar_rows.py", "--seeds", "0", "--steps", "2", "--rounds", "1",
+                     "--rows", "softmax", "linear", "train.steps=2", "train.eval_every=1", "train.batch_size=4",
                      "train.microbatch=null", "task.heldout_size=8", "model.width=16")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
