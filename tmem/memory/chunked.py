@@ -207,8 +207,8 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
     """Same inputs and outputs as `linear_state.recurrent`; equal to it up to float rounding.
 
     chunk: tokens per chunk (any positive size; the sequence is padded with
-    tokens that neither write nor decay). sub_chunk: the largest block a
-    vector decay keeps per channel (the largest divisor of chunk up to it is used).
+    tokens that neither write nor decay). sub_chunk: the largest block a vector decay too strong for one
+    reference keeps per channel (the largest divisor of chunk up to it is used; see intra_scores).
     read_at [B, Q]: read only after these tokens, o [B, Q, H, d_v] (every token is still written).
     precision: that of the matmuls (None: the backend's default, TF32 on recent GPUs).
     """
