@@ -66,6 +66,7 @@ def test_eval_config_composes():
     (["optim.b2=1.0"], "optim.b2=1.0 must be in [0, 1)"),
     (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1 must be zero or more"),
     (["optim.eps=0"], "optim.eps=0.0 must be positive"),
+    (["optim.decay_steps=100"], "optim.decay_steps=100 must be more than optim.warmup_steps=100"),
     (["train.microbatch=half"], "train.microbatch='half' must be a positive integer, null or auto"),
     (["train.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64"),
     (["mixer.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64 (train.microbatch=auto takes "

@@ -109,15 +109,23 @@ class OptimConfig:
     warmup_steps: int = 100
     schedule: str = "cosine"  # after warmup: cosine, linear (to final_lr_ratio * lr) or constant
     final_lr_ratio: float = 0.1
+    # the step the decay ends at, warmup included; the rate then stays at final_lr_ratio * lr. null: train.steps.
+    # train.steps is also the cap of a run that stops at its target, so raising the cap (or resuming a run with a
+    # higher one) stretches a decay tied to it; a run with decay_steps set keeps its schedule
+    decay_steps: int | None = None
     clip_norm: float | None = 1.0
 
     def __post_init__(self):
         _choice("optim.name", self.name, ("adamw",))
         _choice("optim.schedule", self.schedule, ("cosine", "linear", "constant"))
-        _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm, "optim.eps": self.eps})
+        _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm, "optim.eps": self.eps,
+                     "optim.decay_steps": self.decay_steps})
         _fraction(**{"optim.b1": self.b1, "optim.b2": self.b2})
         _non_negative(**{"optim.weight_decay": self.weight_decay, "optim.warmup_steps": self.warmup_steps,
                          "optim.final_lr_ratio": self.final_lr_ratio})
+        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"optim.decay_steps={self.decay_steps} must be more than optim.warmup_steps="
+                             f"{self.warmup_steps}: the decay ends after the warmup")
 
 
 @dataclasses.dataclass(frozen=True)

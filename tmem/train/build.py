@@ -42,9 +42,10 @@ def build(cfg: Config, seed: int | None = None) -> Built:
     """
     seed = cfg.train.seed if seed is None else seed
     model = build_model(cfg, cfg.task, seed)
-    tx = build_optimizer(cfg.optim, cfg.train.steps)
+    decay_end = cfg.optim.decay_steps or cfg.train.steps
+    tx = build_optimizer(cfg.optim, decay_end)
     graphdef, state = init_state(model, tx, seed)
-    return Built(graphdef, state, tx, learning_rate(cfg.optim, cfg.train.steps))
+    return Built(graphdef, state, tx, learning_rate(cfg.optim, decay_end))
 
 
 def evaluation_graphdef(graphdef: Any, params: Any, rest: Any) -> Any:

@@ -8,9 +8,9 @@ import optax
 from tmem.config import OptimConfig
 
 
-def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup from 0, then cosine / linear decay to final_lr_ratio * lr, or constant."""
-    after = max(total_steps - cfg.warmup_steps, 1)
+def learning_rate(cfg: OptimConfig, decay_end: int) -> optax.Schedule:
+    """Linear warmup from 0, then cosine / linear decay to final_lr_ratio * lr at step decay_end, or constant."""
+    after = max(decay_end - cfg.warmup_steps, 1)
     if cfg.schedule == "cosine":
         decay = optax.cosine_decay_schedule(cfg.lr, after, alpha=cfg.final_lr_ratio)
     elif cfg.schedule == "linear":
@@ -23,10 +23,10 @@ def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
-def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+def build_optimizer(cfg: OptimConfig, decay_end: int) -> optax.GradientTransformation:
     # Weight decay on matrices only: decaying norm scales and biases only hurts.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    adamw = optax.adamw(learning_rate(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+    adamw = optax.adamw(learning_rate(cfg, decay_end), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=decay_mask)
     if cfg.clip_norm is None:
         return adamw
