@@ -51,6 +51,9 @@ class Task(Protocol):
     # (MAD's test sets score fewer positions, and fuzzy recall's test keys are always of the longest length).
     # Optional: `examples(keys)`, one example per key, where `sample(key, n)` is `examples(split(key, n))`: each
     # device of a data mesh then draws only its share of a batch (tasks.examples.draw_rows).
+    # Optional: `metric_group`, the held-out examples a metric that is not a plain mean over them is computed over
+    # at once (MAD's class-macro accuracy: its test batches of 128); the evaluation passes each device exactly
+    # that many (tmem.train.step.make_eval).
 
     def loss(self, outputs: jax.Array, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]: ...
 

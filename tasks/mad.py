@@ -14,8 +14,8 @@ MAD scores a setting by torchmetrics' `MulticlassAccuracy` with its default
 macro average (the mean over classes of each class's recall), not by token
 accuracy; `macro_accuracy` is that metric. MAD computes it per batch of 128
 and Lightning averages the batches; tmem's held-out evaluation computes it
-per chunk of 100 examples and averages the chunks weighted by scored
-positions, which agrees up to that batching.
+over the same batches of 128 held-out examples (`metric_group`), on any
+number of devices, and averages them weighted by their scored positions.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class MadTask(TokenTask):
     train_examples: int | None = dataclasses.field(default=12800, kw_only=True)
 
     target_metric = "accuracy"  # held-out token accuracy on MAD's test positions
+    metric_group = 128  # MAD's test batch: its macro accuracy is a batch's, averaged over the batches
     higher_is_better = True
     default_target = 0.999  # MAD stops a run at this test accuracy
 

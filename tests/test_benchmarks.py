@@ -57,3 +57,15 @@ def test_microbatch_times_each_row_at_each_slice_and_names_the_fastest():
     for row in results.values():
         assert set(row["step_ms"]) == {"2", "4"} and str(row["fastest"]) in row["step_ms"]
         assert row["step_ms"][str(row["fastest"])] == min(row["step_ms"].values())
+
+
+@pytest.mark.slow
+def test_eval_chunk_times_each_row_at_each_chunk_and_names_the_fastest():
+    done = run_entry("benchmarks/eval_chunk.py", "--rows", "softmax", "gla", "--chunks", "2", "4", "--rounds", "1",
+                     "task.heldout_size=12", "model.width=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(results) == {"softmax", "gla"}
+    for row in results.values():
+        assert set(row["eval_ms"]) == set(row["compile_s"]) == {"2", "4"}
+        assert row["eval_ms"][str(row["fastest"])] == min(row["eval_ms"].values())

@@ -30,7 +30,7 @@ from tmem.config import ConfigError, validate
 from tmem.train.build import build
 from tmem.train.checkpoint import Checkpoints
 from tmem.train.loop import Trainer
-from tasks import heldout
+from tasks import heldout, rows
 from tmem.train.mesh import data_mesh, describe, replicated
 from tmem.train.step import make_eval, make_train_step
 
@@ -83,7 +83,8 @@ fixed = validate(compose_config([*TINY, "model.depth=1", "task.train_examples=32
 _, out["fixed_losses_1"], _ = train(one, fixed)
 _, out["fixed_losses_2"], out["fixed_collectives_2"] = train(two, fixed)
 
-# the held-out evaluation: each device its share of every chunk (60 examples in chunks of 25, padded to 26)
+# the held-out evaluation: each device 25 examples a pass (60 examples: on one device three passes, the last 10
+# padded to 25; on two, two passes of 50, the last 10 padded to 50)
 graphdef = build(cfg).graphdef
 batch = jax.tree.map(lambda x: x[:60], heldout(cfg.task))
 evaluated = {}
@@ -95,6 +96,22 @@ for name, mesh in (("1", one), ("2", two)):
     evaluated[name] = {k: float(v) for k, v in evaluate(*args).items()}
     out[f"eval_collectives_{name}"] = collectives(evaluate)
 out["eval_1"], out["eval_2"] = evaluated["1"], evaluated["2"]
+
+# MAD's macro accuracy, not a mean over examples: over its test batches of 128 on either mesh (300 examples: two
+# batches and one of 44), against each batch scored alone; batches of 50 (a pass of 100 on two devices) differ
+mad = validate(compose_config(["task=mad_in_context_recall", "task.seq_len=16", "task.heldout_size=300",
+                               "model.width=16", "model.depth=1", "mixer.heads=2", "logger=disabled"]))
+built, batch = build(mad), heldout(mad.task)
+for name, mesh in (("1", one), ("2", two)):
+    whole = replicated(mesh)
+    args = jax.device_put((built.state.params, built.state.rest, batch), whole)
+    evaluate = jax.jit(make_eval(built.graphdef, mad.task, mesh=mesh), out_shardings=whole, compiler_options=FAST)
+    out[f"mad_macro_{name}"] = float(evaluate(*args)["macro_accuracy"])
+scores = jax.jit(lambda b: mad.task.loss(built.model(b.inputs, positions=b.positions), b)[1]["macro_accuracy"])
+for size in (128, 50):
+    parts = [rows(batch, start, min(size, 300 - start)) for start in range(0, 300, size)]
+    w = np.array([float(b.mask.sum()) for b in parts])
+    out[f"mad_macro_by_batches_of_{size}"] = float(w @ np.array([float(scores(b)) for b in parts]) / w.sum())
 
 # saved under one layout, restored under the other
 for saved, mesh, restored_on, name in ((state2, two, one, "2to1"), (state1, one, two, "1to2")):
@@ -140,6 +157,9 @@ def test_two_devices_train_as_one(two_devices):
     for k, v in out["eval_1"].items():
         assert abs(out["eval_2"][k] - v) <= 1e-5 * max(1.0, abs(v)), k
     assert out["eval_collectives_1"] == 0 and out["eval_collectives_2"] == 1
+    want = out["mad_macro_by_batches_of_128"]
+    assert out["mad_macro_1"] == pytest.approx(want, rel=1e-5) and out["mad_macro_2"] == pytest.approx(want, rel=1e-5)
+    assert abs(out["mad_macro_by_batches_of_50"] - want) > 1e-4  # so the grouping is what the test sees
     assert out["devices_1"] == [1] and out["devices_2"] == [2]
     assert out["describe"] == ("mesh: 2 cpu devices on the data axis: each batch of 16 split 8 per device, the train "
                                "state replicated")

@@ -17,10 +17,8 @@ from tmem.probes.base import Probe, ProbeInput
 from tmem.train.build import evaluation_graphdef
 from tmem.train.step import make_eval
 
-CHUNK = 100  # examples per forward pass: the training loop's held-out chunk
 
-
-def heldout_metrics(model, task, chunk: int = CHUNK) -> dict[str, float]:
+def heldout_metrics(model, task, chunk: int | None = None) -> dict[str, float]:
     """Whatever `task.loss` returns on the held-out set, as means over the scored positions.
 
     Training's own evaluation (`make_eval`) in the mixer's evaluation form
@@ -36,9 +34,11 @@ def heldout_metrics(model, task, chunk: int = CHUNK) -> dict[str, float]:
 
 
 def run(inp: ProbeInput):
-    """options.heldout.chunk: examples per forward pass (default 100)."""
+    """options.heldout.chunk: examples per forward pass (default the training loop's; a MAD task's then stays its
+    test batch of 128, over which its macro accuracy is computed)."""
     task = inp.cfg.task
-    metrics = heldout_metrics(inp.model, task, int(inp.options.get("chunk", CHUNK)))
+    chunk = inp.options.get("chunk")
+    metrics = heldout_metrics(inp.model, task, None if chunk is None else int(chunk))
     return {**metrics, "examples": int(task.heldout_size), "seq_len": int(task.seq_len)}, {}
 
 
