@@ -34,8 +34,8 @@ def heldout_metrics(model, task, chunk: int | None = None) -> dict[str, float]:
 
 
 def run(inp: ProbeInput):
-    """options.heldout.chunk: examples per forward pass (default the training loop's; a MAD task's then stays its
-    test batch of 128, over which its macro accuracy is computed)."""
+    """options.heldout.chunk: examples a device evaluates per pass (default the training loop's; for a MAD task
+    that is its test batch of 128, the group its macro accuracy is computed over)."""
     task = inp.cfg.task
     chunk = inp.options.get("chunk")
     metrics = heldout_metrics(inp.model, task, None if chunk is None else int(chunk))
