@@ -166,8 +166,9 @@ def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
     return float(task.loss(jnp.zeros(out.shape, out.dtype), batch)[0])
 
 
-# Held-out examples a device evaluates per pass, by platform. On the 2-core CPU's two devices, 8 (a pass of 16)
-# were up to 20% faster than 50 (a pass of 100) for every row (BENCHMARKS.md): a pass's activations stay in cache.
+# Held-out examples a device evaluates per pass, by platform. On the 2-core CPU's two devices, passes of 8 took
+# 0.75 to 0.99 of the time passes of 50 did, row by row (benchmarks/eval_chunk.py, BENCHMARKS.md): a smaller pass's
+# activations stay in cache.
 # An accelerator keeps the chunk of 100 a single device had before (not measured: no device was lent).
 EVAL_CHUNK = {"cpu": 8}
 ACCELERATOR_EVAL_CHUNK = 100
