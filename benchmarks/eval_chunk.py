@@ -2,11 +2,13 @@
 
     python benchmarks/eval_chunk.py                                   # every row of mqar_rows, chunks 8, 16, 50
     python benchmarks/eval_chunk.py --rows softmax gla --chunks 4 8 16
+    python benchmarks/eval_chunk.py --rows deltanet --chunks 8 --forms chunked recurrent mixer.heads=4
 
 A chunk is the held-out examples each device evaluates in one pass; it changes
 only how the sums are taken (tests/test_train.py), not the metrics. Each row
-evaluates as training does (its evaluation form, the default job's 3,000
-held-out examples over train.py's devices). Every (row, chunk) pair is
+evaluates as training does (its evaluation form unless `--forms` names
+forms to compare, the default job's 3,000 held-out examples over train.py's
+devices). Every (row, chunk) pair is
 compiled first and then timed in turns, so a load that comes and goes falls
 on all of them alike; the compile time of the first call is printed too,
 since the first evaluation of every run pays it.
@@ -48,35 +50,39 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS))
     parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16, 50])
+    parser.add_argument("--forms", nargs="+", default=[None], help="mixer.eval_form values (default: each row's)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")
     args = parser.parse_args()
     start(config(*args.overrides)[0])  # the devices train.py would train the default job on
     mesh = data_mesh()
 
+    # a row, or a row in one evaluation form ("deltanet recurrent"), is a line of the table
+    lines = {" ".join(filter(None, (row, form))): [f"mixer={row}", *args.overrides] + (
+        [f"mixer.eval_form={form}"] if form else []) for row in args.rows for form in args.forms}
     programs = {}
-    for row in args.rows:
-        cfg = config(f"mixer={row}", *args.overrides)[0]
+    for line, overrides in lines.items():
+        cfg = config(*overrides)[0]
         for chunk in args.chunks:
             compiled, inputs, compile_s = compiled_eval(cfg, chunk, mesh)
             jax.block_until_ready(compiled(*inputs))  # warm: the first call allocates
-            programs[(row, chunk)] = (compiled, inputs, compile_s, [])
+            programs[(line, chunk)] = (compiled, inputs, compile_s, [])
     for _ in range(args.rounds):
         for compiled, inputs, _, times in programs.values():
             began = time.perf_counter()
             jax.block_until_ready(compiled(*inputs))
             times.append(1e3 * (time.perf_counter() - began))
 
-    print(f"\n{'row':16s}" + "".join(f"{f'{c} ms':>10s}" for c in args.chunks) + f"{'fastest':>9s}"
+    print(f"\n{'row':26s}" + "".join(f"{f'{c} ms':>10s}" for c in args.chunks) + f"{'fastest':>9s}"
           + "".join(f"{f'compile {c}':>12s}" for c in args.chunks))
     results = {}
-    for row in args.rows:
-        ms = {c: statistics.median(programs[(row, c)][3]) for c in args.chunks}
-        compile_s = {c: programs[(row, c)][2] for c in args.chunks}
+    for line in lines:
+        ms = {c: statistics.median(programs[(line, c)][3]) for c in args.chunks}
+        compile_s = {c: programs[(line, c)][2] for c in args.chunks}
         fastest = min(ms, key=ms.get)
-        print(f"{row:16s}" + "".join(f"{ms[c]:10.1f}" for c in args.chunks) + f"{fastest:9d}"
+        print(f"{line:26s}" + "".join(f"{ms[c]:10.1f}" for c in args.chunks) + f"{fastest:9d}"
               + "".join(f"{compile_s[c]:11.2f}s" for c in args.chunks))
-        results[row] = {"eval_ms": ms, "compile_s": compile_s, "fastest": fastest}
+        results[line] = {"eval_ms": ms, "compile_s": compile_s, "fastest": fastest}
     print(json.dumps(results))
 
 

@@ -98,6 +98,15 @@ def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
     assert all(jnp.isfinite(jnp.array(norms))) and sum(n > 0 for n in norms) >= len(norms) // 2
 
 
+def test_the_grids_delta_cells_evaluate_in_the_token_scan_at_its_four_heads():
+    for weights in ("uniform", "gate"):
+        cell = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}")
+        assert (cell.heads, cell.form, cell.for_evaluation().form) == (4, "chunked", "recurrent")
+        one_head = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "mixer.heads=1")
+        assert one_head.for_evaluation().form == "chunked"  # as its row, DeltaNet or Gated DeltaNet
+    assert mixer_of("mixer=regression").for_evaluation().form == "chunked"  # linear attention's
+
+
 def test_the_memorys_knobs_follow_the_cell():
     sgd = mixer_of("mixer=regression", "mixer.weights=decay", "mixer.function=mlp", "mixer.optimizer=sgd")
     assert (sgd.mini_batch, sgd.momentum, sgd.forget, sgd.initial) == (1, False, "fixed", "learned")
