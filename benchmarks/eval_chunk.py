@@ -6,12 +6,11 @@
 
 A chunk is the held-out examples each device evaluates in one pass; it changes
 only how the sums are taken (tests/test_train.py), not the metrics. Each row
-evaluates as training does (its evaluation form unless `--forms` names
-forms to compare, the default job's 3,000 held-out examples over train.py's
-devices). Every (row, chunk) pair is
-compiled first and then timed in turns, so a load that comes and goes falls
-on all of them alike; the compile time of the first call is printed too,
-since the first evaluation of every run pays it.
+evaluates as training does: in its evaluation form unless `--forms` names
+forms to compare, on the default job's 3,000 held-out examples over
+train.py's devices. Every (row, form, chunk) is compiled first and then timed
+in turns, so a load that comes and goes falls on all of them alike; the
+compile time is printed too, since the first evaluation of every run pays it.
 """
 
 from __future__ import annotations
