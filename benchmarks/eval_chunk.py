@@ -1,4 +1,4 @@
-"""Each row's held-out evaluation at several chunk sizes, in one process: the data behind make_eval's EVAL_CHUNK.
+"""Each row's held-out evaluation at several chunk sizes, in one process: the data behind make_eval's CPU_EVAL_CHUNK.
 
     python benchmarks/eval_chunk.py                                   # every row of mqar_rows, chunks 8, 16, 50
     python benchmarks/eval_chunk.py --rows softmax gla --chunks 4 8 16

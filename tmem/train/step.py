@@ -170,14 +170,13 @@ def chance_loss(graphdef, task, params, rest, batch: Batch) -> float:
 # 0.75 to 0.99 of the time passes of 50 did, row by row (benchmarks/eval_chunk.py, BENCHMARKS.md): a smaller pass's
 # activations stay in cache.
 # An accelerator keeps the chunk of 100 a single device had before (not measured: no device was lent).
-EVAL_CHUNK = {"cpu": 8}
-ACCELERATOR_EVAL_CHUNK = 100
+CPU_EVAL_CHUNK, ACCELERATOR_EVAL_CHUNK = 8, 100
 
 
 def make_eval(graphdef, task, chunk: int | None = None, mesh=None, compute_dtype: str = "float32"):
     """(params, rest, batch) -> mask-weighted mean metrics over a large batch, in chunks.
 
-    Each device evaluates `chunk` examples per pass (default: its platform's EVAL_CHUNK), as the train step
+    Each device evaluates `chunk` examples per pass (default: CPU_EVAL_CHUNK on a CPU), as the train step
     splits its batches, and their sums meet in one all-reduce. A task whose held-out metric is not a plain mean
     over examples names the examples it is computed over at once (`metric_group`: MAD's class-macro accuracy,
     over its test batches of 128), and by default a device's pass is then exactly one group, so the metric is
@@ -187,7 +186,7 @@ def make_eval(graphdef, task, chunk: int | None = None, mesh=None, compute_dtype
     devices = 1 if mesh is None else mesh.size
     platform = (jax.devices() if mesh is None else mesh.devices.flat)[0].platform
     group = getattr(task, "metric_group", None) if chunk is None else None
-    chunk = chunk or EVAL_CHUNK.get(platform, ACCELERATOR_EVAL_CHUNK)
+    chunk = chunk or (CPU_EVAL_CHUNK if platform == "cpu" else ACCELERATOR_EVAL_CHUNK)
 
     def weighted(params, rest, chunks, device, devices):
         def one(b):
