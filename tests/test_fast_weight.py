@@ -99,7 +99,7 @@ def test_the_forget_bias_sets_glas_first_decays():
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),
     ("mixer.decay=gamma", "mixer.decay='gamma' is not one of: none, fixed, scalar, vector"),
-    ("mixer.eval_form=scan", "mixer.eval_form='scan' is not one of: null, chunked, recurrent"),
+    ("mixer.eval_form=scan", "mixer.eval_form='scan' is not one of: null, auto, chunked, recurrent"),
     ("mixer.chunk=0", "mixer.chunk=0 must be positive"),
 ])
 def test_bad_configs_get_one_line(tiny_cfg, override, message):
@@ -108,6 +108,21 @@ def test_bad_configs_get_one_line(tiny_cfg, override, message):
         tiny_cfg(f"mixer={row}", override)
     with pytest.raises(ConfigError, match="mixer.normalize needs rule=add"):
         tiny_cfg("mixer=linear", "mixer.normalize=true")
+
+
+@pytest.mark.parametrize("overrides, form", [
+    (("mixer=deltanet",), "chunked"),  # one head of 64
+    (("mixer=deltanet", "mixer.heads=4"), "recurrent"),  # four of 16
+    (("mixer=gated_deltanet", "mixer.key_width=16"), "recurrent"),
+    (("mixer=gated_deltanet", "mixer.heads=2"), "chunked"),  # two of 32
+    (("mixer=deltanet", "mixer.heads=4", "mixer.eval_form=null"), "chunked"),  # null: the training form
+    (("mixer=linear", "mixer.heads=4"), "chunked"),  # the add rule's chunked form evaluates faster at every width
+    (("mixer=gla",), "recurrent"),  # its YAML's own choice
+    (("experiment=capacity_gap", "mixer=gated_deltanet"), "recurrent"),  # the sweep pins four heads
+])
+def test_eval_form_auto_reads_a_delta_rule_with_narrow_keys_in_the_token_scan(tiny_cfg, overrides, form):
+    cfg, _ = tiny_cfg(*overrides, base=["logger=disabled", "model.width=64"])
+    assert cfg.mixer.form == "chunked" and cfg.mixer.for_evaluation().form == form
 
 
 @pytest.mark.slow

@@ -98,13 +98,16 @@ def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
     assert all(jnp.isfinite(jnp.array(norms))) and sum(n > 0 for n in norms) >= len(norms) // 2
 
 
-def test_the_grids_delta_cells_evaluate_in_the_token_scan_at_its_four_heads():
+def test_the_grids_delta_cells_evaluate_as_their_keys_width_decides():
+    """At width 64 the grid's four heads have keys of 16, where the delta rule evaluates in the token scan; one
+    head of 64, as the named rows, evaluates chunked (FastWeightConfig's eval_form=auto)."""
     for weights in ("uniform", "gate"):
-        cell = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}")
+        cell = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "model.width=64")
         assert (cell.heads, cell.form, cell.for_evaluation().form) == (4, "chunked", "recurrent")
-        one_head = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "mixer.heads=1")
-        assert one_head.for_evaluation().form == "chunked"  # as its row, DeltaNet or Gated DeltaNet
-    assert mixer_of("mixer=regression").for_evaluation().form == "chunked"  # linear attention's
+        one_head = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "mixer.heads=1",
+                            "model.width=64")
+        assert one_head.for_evaluation().form == "chunked"
+    assert mixer_of("mixer=regression", "model.width=64").for_evaluation().form == "chunked"  # linear attention's
 
 
 def test_the_memorys_knobs_follow_the_cell():

@@ -225,6 +225,19 @@ def test_a_claim_is_exclusive_across_processes(tmp_path):
     assert sorted(p.communicate(timeout=120)[0].strip() for p in procs) == ["lost", "won"]
 
 
+def test_a_run_saved_before_eval_form_auto_resumes_with_it(tmp_path):
+    """The evaluation's form computes the same function, so a delta row's run saved with eval_form null resumes
+    under the new default; its mixer's other fields still may not change."""
+    resolved = OmegaConf.to_container(compose_config([*TINY, "mixer=deltanet"]), resolve=True)
+    assert resolved["mixer"]["eval_form"] == "auto"
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create({**resolved, "mixer": {**resolved["mixer"], "eval_form": None}}),
+                   tmp_path / ".hydra" / "config.yaml")
+    rundir.check_resume(tmp_path, resolved)
+    with pytest.raises(ConfigError, match="mixer.chunk"):
+        rundir.check_resume(tmp_path, {**resolved, "mixer": {**resolved["mixer"], "chunk": 16}})
+
+
 def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):
     """Runs saved before train.microbatch=auto hold a number and no mixer.microbatch; the slice is no part of the
     run (the same update), so a resume may change it either way."""

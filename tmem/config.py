@@ -315,11 +315,11 @@ def validate(cfg: DictConfig) -> Config:
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
     mixer = parse_group("mixer", CONFIGS[_registered("mixer", cfg.mixer, CONFIGS)], cfg.mixer)
+    fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     try:
-        mixer = mixer.fit(task)
+        mixer = mixer.fit(task, fixed["model"].width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     if fixed["optim"].lr is None:
         if mixer.lr is None:
             raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")

@@ -73,7 +73,7 @@ class SoftmaxConfig(MixerConfig):
             raise ValueError(f"mixer.train_length={self.train_length} must be at least 2 with "
                              f"length_scale={self.length_scale}: log 1 is 0")
 
-    def fit(self, task) -> SoftmaxConfig:
+    def fit(self, task, width: int) -> SoftmaxConfig:
         """The training length of length_scale is the task's, unless set."""
         return self if self.train_length is not None else dataclasses.replace(self, train_length=task.seq_len)
 

@@ -43,8 +43,9 @@ class MixerConfig(abc.ABC):
     def check(self, width: int) -> None:
         """Raise ValueError, in one line naming the field, for a knob that does not fit a model of this width."""
 
-    def fit(self, task) -> MixerConfig:
-        """This config as it reads `task`: its "auto" knobs resolved; ValueError if it cannot read the task."""
+    def fit(self, task, width: int) -> MixerConfig:
+        """This config as it reads `task` in a model of this `width`: its "auto" knobs resolved; ValueError if it
+        cannot read the task."""
         return self
 
     def for_evaluation(self) -> MixerConfig:

@@ -49,6 +49,11 @@ NORM_OVER = ("head", "width")
 A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)
 GLA_RANK, GLA_TEMPERATURE = 16, 16.0
 NORMALISER_EPS = 1e-6
+# A delta rule with keys this wide or narrower evaluates in the token scan (eval_form=auto): at four heads of 16 it
+# was faster than the chunked form (DeltaNet 261 against 339 ms, Gated DeltaNet 357 against 425) and compiled 1 s
+# sooner; with keys of 32 or 64 the chunked form evaluates faster, paying back its longer compile within a run
+# (BENCHMARKS.md, "Held-out evaluation in smaller passes")
+DELTA_SCAN_KEY_WIDTH = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +97,9 @@ class FastWeightConfig(MixerConfig):
     # that starts open, as in LSTMs: at 4 (0.9989 a token) GLA reaches 0.99 in fewer steps (MEMORY.md)
     forget_bias: float = 0.0
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
-    # the form held-out evaluations read in (null: form): the same function, and for the delta rows and GLA the
-    # token scan is faster without a backward (BENCHMARKS.md)
-    eval_form: str | None = None
+    # the form held-out evaluations read in, the same function (null: form). auto: the token scan for a delta rule
+    # with keys of at most DELTA_SCAN_KEY_WIDTH, where it evaluates and compiles faster without a backward, else form
+    eval_form: str | None = "auto"
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
     chunk: int = 64
     sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
@@ -107,8 +112,8 @@ class FastWeightConfig(MixerConfig):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
-        if self.eval_form not in (None, *FORMS):
-            raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, {', '.join(FORMS)}")
+        if self.eval_form not in (None, "auto", *FORMS):
+            raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, auto, {', '.join(FORMS)}")
         for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width", "qk_groups"):
             value = getattr(self, field)
             if value is not None and value < 1:
@@ -142,8 +147,18 @@ class FastWeightConfig(MixerConfig):
         d_key = self.key_width or width // self.heads
         return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), self.value_width or width // self.heads
 
+    def fit(self, task, width: int) -> FastWeightConfig:
+        """eval_form=auto made concrete: it depends on the keys' width, which the model's width decides."""
+        if self.eval_form != "auto":
+            return self
+        scan = self.rule == "delta" and self.widths(width)[0] <= DELTA_SCAN_KEY_WIDTH
+        return dataclasses.replace(self, eval_form="recurrent" if scan else None)
+
     def for_evaluation(self) -> FastWeightConfig:
-        return self if self.eval_form is None else dataclasses.replace(self, form=self.eval_form, eval_form=None)
+        """The eval_form's layer; an auto that `fit` has not resolved (no width known) evaluates in the form."""
+        if self.eval_form in (None, "auto"):
+            return self
+        return dataclasses.replace(self, form=self.eval_form, eval_form=None)
 
     def state_size(self, width: int, seq_len: int) -> int:
         """The fast-weight matrices (d_phi x d_v per head, plus the normaliser) and the convolution's window."""

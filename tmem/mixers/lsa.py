@@ -43,7 +43,7 @@ class LSAConfig(MixerConfig):
         if self.init_scale is not None and self.init_scale <= 0:
             raise ValueError(f"mixer.init_scale={self.init_scale} must be positive or null")
 
-    def fit(self, task) -> LSAConfig:
+    def fit(self, task, width: int) -> LSAConfig:
         """Read the way the task's prompt allows: auto becomes its layout; a prompt read needs a prompt."""
         if self.layout == "auto":
             return dataclasses.replace(self, layout=task.layout)

@@ -51,10 +51,6 @@ ITERATIVE = ("sgd", "minibatch", "momentum")
 WEIGHT_DECAYS = ("none", "fixed", "gated")
 INITIALS = ("auto", "zero", "learned")
 DECAY_OF = {"uniform": "none", "decay": "fixed", "gate": "gated"}  # the weights as an iterative rule's weight decay
-# From this many heads (16 wide at width 64) a delta-rule cell evaluates in the token scan: there it was faster
-# than the chunked form (DeltaNet 261 against 339 ms, Gated DeltaNet 357 against 425) and compiled 1 s sooner; at
-# one head, as its row does, the chunked form evaluates faster (BENCHMARKS.md, "Held-out evaluation in smaller passes")
-DELTA_SCAN_HEADS = 4
 
 # The named rows, as their YAML files under configs/mixer/ set them (tests/test_regression.py holds each equal to
 # its file): (weights, function, optimizer, initial) -> the row's config.
@@ -134,8 +130,6 @@ class RegressionConfig(MixerConfig):
                                forget={"uniform": "none", "decay": "fixed", "gate": "gate"}[weights],
                                mini_batch={"sgd": 1, "one_step": None}.get(optimizer, self.mini_batch))
         replace = {"heads": self.heads} if row.heads != self.heads else {}
-        if getattr(row, "rule", None) == "delta" and self.heads >= DELTA_SCAN_HEADS:
-            replace["eval_form"] = "recurrent"
         if optimizer in ("minibatch", "momentum") and getattr(row, "mini_batch", None) != self.mini_batch:
             replace["mini_batch"] = self.mini_batch
         # the grid's heads, rate and slice of the batch, not the row's: every cell of a sweep trains alike
@@ -144,8 +138,8 @@ class RegressionConfig(MixerConfig):
     def check(self, width: int) -> None:
         self.resolve().check(width)
 
-    def fit(self, task) -> MixerConfig:
-        return self.resolve().fit(task)
+    def fit(self, task, width: int) -> MixerConfig:
+        return self.resolve().fit(task, width)
 
     def state_size(self, width: int, seq_len: int) -> int:
         return self.resolve().state_size(width, seq_len)

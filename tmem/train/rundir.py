@@ -35,7 +35,9 @@ RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_e
              "train.diverge_patience", "logger.", "name", "cluster.", "mixer.implementation",
              # the slice of the batch differentiated at once: the same update to float rounding, and runs saved
              # before train.microbatch=auto hold a number where a new command has auto
-             "train.microbatch", "mixer.microbatch")
+             "train.microbatch", "mixer.microbatch",
+             # the form held-out evaluations read in: the same function; runs saved before eval_form=auto hold null
+             "mixer.eval_form")
 # Hydra's flags that print something and run nothing
 INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
            "--shell-completion"}
