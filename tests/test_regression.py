@@ -52,8 +52,10 @@ def test_every_preset_is_named_and_the_grid_spells_every_named_row():
 def test_a_named_cell_resolves_to_its_rows_config(row):
     named = mixer_of(f"mixer={row}")
     cell = mixer_of("mixer=regression", f"mixer.heads={named.heads}", *NAMED[row])
-    # every knob of the row's YAML; the slice of the batch is the grid's (mixer.microbatch), the same update
-    assert dataclasses.replace(cell, name=row, microbatch=named.microbatch) == named
+    # every knob of the row's YAML; the slice of the batch is the grid's (mixer.microbatch), the same update, and
+    # so is the schedule: the row's recommended one (mixer.optim) is not the grid's, whose cells train alike
+    assert cell.optim == type(cell.optim)()
+    assert dataclasses.replace(cell, name=row, microbatch=named.microbatch, optim=named.optim) == named
     # the grid's heads, not the row's, unless told: its cells differ in their knobs alone
     assert mixer_of("mixer=regression", *NAMED[row]).heads == 4
     assert mixer_of("mixer=regression", "mixer.microbatch=8", *NAMED[row]).microbatch == 8

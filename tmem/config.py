@@ -46,7 +46,7 @@ def _positive(**fields) -> None:
 
 def _non_negative(**fields) -> None:
     for name, value in fields.items():
-        if value < 0:
+        if value is not None and value < 0:
             raise ValueError(f"{name}={value} must be zero or more")
 
 
@@ -105,13 +105,14 @@ class OptimConfig:
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float | None = None  # null: the mixer's recommendation (mixer.optim.weight_decay), else 0
     warmup_steps: int = 100
     schedule: str = "cosine"  # after warmup: cosine, linear (to final_lr_ratio * lr) or constant
     final_lr_ratio: float = 0.1
-    # the step the decay ends at, warmup included; the rate then stays at final_lr_ratio * lr. null: train.steps.
-    # train.steps is also the cap of a run that stops at its target, so raising the cap (or resuming a run with a
-    # higher one) stretches a decay tied to it; a run with decay_steps set keeps its schedule
+    # the step the decay ends at, warmup included; the rate then stays at final_lr_ratio * lr. null: the mixer's
+    # recommendation (mixer.optim.decay_steps), else train.steps. train.steps is also the cap of a run that stops
+    # at its target, so raising the cap (or resuming a run with a higher one) stretches a decay tied to it; a run
+    # with decay_steps set keeps its schedule
     decay_steps: int | None = None
     clip_norm: float | None = 1.0
 
@@ -283,7 +284,7 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
-        parsed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+        parsed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(schema)), values))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]
@@ -298,6 +299,16 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     lists = {f.name: tuple(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
              if str(f.type).startswith("tuple") and isinstance(getattr(parsed, f.name), list)}
     return dataclasses.replace(parsed, **lists) if lists else parsed
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
+    carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
+    OmegaConf.set_readonly(node, False)
+    for key in node.keys():
+        if isinstance(child := node._get_node(key), DictConfig):
+            _writable(child)
+    return node
 
 
 def _registered(section: str, node: Any, registry: dict):
@@ -320,10 +331,7 @@ def validate(cfg: DictConfig) -> Config:
         mixer = mixer.fit(task, fixed["model"].width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if fixed["optim"].lr is None:
-        if mixer.lr is None:
-            raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
-        fixed["optim"] = dataclasses.replace(fixed["optim"], lr=mixer.lr)
+    fixed["optim"] = _recommended(fixed["optim"], mixer)
     if fixed["train"].microbatch == "auto":
         try:
             fixed["train"] = dataclasses.replace(fixed["train"], microbatch=mixer.microbatch)
@@ -333,6 +341,19 @@ def validate(cfg: DictConfig) -> Config:
     config = Config(task=task, mixer=mixer, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)
     return dataclasses.replace(config, model=resolve_auto(config.model, mixer, task))
+
+
+def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
+    """The optim group with what it leaves null taken from the mixer's recommendations (mixer.lr, mixer.optim)."""
+    if optim.lr is None and mixer.lr is None:
+        raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
+    weight_decay = optim.weight_decay if optim.weight_decay is not None else mixer.optim.weight_decay
+    try:
+        return dataclasses.replace(optim, lr=optim.lr or mixer.lr, weight_decay=weight_decay or 0.0,
+                                   decay_steps=optim.decay_steps or mixer.optim.decay_steps)
+    except ValueError as e:
+        recipe = ", ".join(f"mixer.optim.{k}={v}" for k, v in dataclasses.asdict(mixer.optim).items() if v is not None)
+        raise ConfigError(f"{e}; mixer={mixer.name} recommends {recipe}: set optim.* to train otherwise") from None
 
 
 def _check_together(cfg: Config) -> None:

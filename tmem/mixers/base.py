@@ -23,6 +23,15 @@ from flax import nnx, struct
 
 
 @dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The optimizer settings a row trains best at beyond its rate (`MixerConfig.lr`), used where the optim group
+    leaves them null; null here: the optim group's own default."""
+
+    decay_steps: int | None = None  # the step the rate's decay ends at (null: train.steps)
+    weight_decay: float | None = None  # AdamW's (null: 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class MixerConfig(abc.ABC):
     """The fields and capabilities every row's config has; each row extends it with its knobs.
 
@@ -31,6 +40,7 @@ class MixerConfig(abc.ABC):
 
     name: str = ""
     lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
+    optim: Recipe = dataclasses.field(default_factory=Recipe)  # and the rest of its schedule, where optim.* is null
     # the examples each device of this row's train step differentiates at once fastest on the default job, on
     # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
     # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a

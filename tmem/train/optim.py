@@ -27,7 +27,7 @@ def build_optimizer(cfg: OptimConfig, decay_end: int) -> optax.GradientTransform
     # Weight decay on matrices only: decaying norm scales and biases only hurts.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     adamw = optax.adamw(learning_rate(cfg, decay_end), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=decay_mask)
+                        weight_decay=cfg.weight_decay or 0.0, mask=decay_mask)  # null: none
     if cfg.clip_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
