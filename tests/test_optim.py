@@ -33,3 +33,17 @@ def test_the_decay_ends_at_decay_steps_else_at_the_runs_last_step(tiny_cfg, deca
     for step in range(end + 5):
         updates, opt_state = built.tx.update(grads, opt_state, params)
         np.testing.assert_allclose(-float(updates["w"][0]), float(built.schedule(step)), rtol=1e-5, atol=1e-12)
+
+
+def test_a_rows_recommended_weight_decay_reaches_the_optimizer_on_matrices_only(tiny_cfg):
+    """Mamba-2 recommends AdamW's weight decay 0.3 (mixer.optim): with a zero gradient Adam's step is 0, so a
+    matrix's update is minus rate x 0.3 x the matrix, and a vector (a norm's scale, a bias, A_log) does not decay."""
+    cfg, _ = tiny_cfg("mixer=mamba2", "optim.warmup_steps=0")
+    built = build(cfg)
+    params = {"matrix": jnp.ones((2, 3)), "vector": jnp.ones(3)}
+    zeros = {k: jnp.zeros_like(v) for k, v in params.items()}
+    updates, _ = built.tx.update(zeros, built.tx.init(params), params)
+    rate = float(built.schedule(0))
+    assert cfg.optim.weight_decay == 0.3
+    np.testing.assert_allclose(updates["matrix"], -rate * 0.3 * params["matrix"], rtol=1e-6)
+    np.testing.assert_array_equal(updates["vector"], 0.0)
