@@ -305,8 +305,8 @@ def _writable(node: DictConfig) -> DictConfig:
     """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
     carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
     OmegaConf.set_readonly(node, False)
-    for key in node.keys():
-        if isinstance(child := node._get_node(key), DictConfig):
+    for child in node.values():
+        if isinstance(child, DictConfig):
             _writable(child)
     return node
 
