@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra.core.hydra_config import HydraConfig
 
-from tmem.config import ConfigError, LoggerConfig, parse_group
+from tmem.config import ConfigError, parse_group
+from tmem.schema import LoggerConfig
 
 
 def eval_dir(run, task=None) -> str:

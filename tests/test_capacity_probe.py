@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import run_entry
-from tmem.config import LoggerConfig
+from tmem.schema import LoggerConfig
 from tmem.train.evaluate import evaluate
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import compose_config, run_entry
 from tasks import Batch
-from tmem.config import LoggerConfig, validate
+from tmem.config import validate
+from tmem.schema import LoggerConfig
 from tmem.model import build_model, load_weights
 from tmem.probes import PROBES, ProbeInput
 from tmem.probes.induction import analyse, classify

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from tmem.config import TrainConfig
+from tmem.schema import TrainConfig
 from tmem.train.mesh import check_divisible, data_mesh, describe, summed_over_devices
 
 TWO_DEVICES = r"""

@@ -18,7 +18,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, compose_config, run_entry
-from tmem.config import ClusterConfig, ConfigError, TrainConfig, validate
+from tmem.config import ConfigError, validate
+from tmem.schema import ClusterConfig, TrainConfig
 from tmem.train import rundir
 from tmem.train.cluster import compilation_cache, cpu_devices, process_id, start
 

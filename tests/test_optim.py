@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tmem.config import OptimConfig
+from tmem.schema import OptimConfig
 from tmem.train.build import build
 from tmem.train.optim import learning_rate
 

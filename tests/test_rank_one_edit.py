@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from tmem.config import LoggerConfig, validate
+from tmem.config import validate
+from tmem.schema import LoggerConfig
 from tmem.model import build_model
 from tmem.probes import PROBES, ProbeInput
 from tmem.probes.rank_one_edit import memory_of

@@ -18,7 +18,8 @@ from flax import nnx
 
 from conftest import quick_only
 from tmem.backbone import Block
-from tmem.config import ConfigError, MLPConfig
+from tmem.config import ConfigError
+from tmem.schema import MLPConfig
 from tmem.memory.softmax import logn_scale, softmax_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig

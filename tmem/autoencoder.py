@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tmem.backbone import Backbone
-from tmem.config import Config
+from tmem.schema import Config
 from tmem.layers import linear, make_norm
 
 

@@ -72,7 +72,7 @@ ADAM, GRAD_NORM, CLIP, WEIGHT_DECAY = 13, 2, 3, 2
 
 
 def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
-    """FLOPs of one training step of `cfg` (a validated tmem.config.Config), by part, and their "total".
+    """FLOPs of one training step of `cfg` (a validated tmem.schema.Config), by part, and their "total".
 
     Forward and backward of `train.batch_size` examples (however many
     microbatches), the loss, and the optimizer's update. loop_bodies_once:

@@ -8,7 +8,7 @@ from flax import nnx
 
 from tmem.autoencoder import AutoEncoder
 from tmem.backbone import Backbone, final_norm
-from tmem.config import Config
+from tmem.schema import Config
 from tmem.layers import linear
 from tmem.vector_model import VectorModel
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from flax import nnx
 
 from tmem.backbone import Backbone, final_norm
-from tmem.config import Config
+from tmem.schema import Config
 from tmem.layers import linear
 
 

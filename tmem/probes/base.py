@@ -19,7 +19,7 @@ class ProbeInput:
     without importing the training code that restores them.
     """
 
-    cfg: Any = None  # tmem.config.Config of the run
+    cfg: Any = None  # tmem.schema.Config of the run
     model: Any = None  # the restored LM
     step: int | None = None
     key: jax.Array | None = None

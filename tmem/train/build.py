@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import optax
 from flax import nnx
 
-from tmem.config import Config
+from tmem.schema import Config
 from tmem.mixers.base import MixerConfig
 from tmem.model import build_model
 from tmem.train.optim import build_optimizer, learning_rate

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from tmem.config import ClusterConfig, Config, ConfigError, TrainConfig
+from tmem.config import ConfigError
 
 # the smallest share of a slice `auto` gives a device: shares of 8 and up were measured faster on two devices than
+from tmem.schema import ClusterConfig, Config, TrainConfig
 # whole slices on one (BENCHMARKS.md); smaller shares, on machines with more cores, were not measured
 MIN_SHARE = 8
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import jax
 
-from tmem.config import ConfigError, LoggerConfig
+from tmem.config import ConfigError
+from tmem.schema import LoggerConfig
 from tmem.probes import PROBES, ProbeInput
 from tmem.train.restore import load_run, saved_run
 from tmem.train.task_overrides import spelled, with_task

@@ -15,7 +15,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from tasks import heldout
-from tmem.config import Config, ConfigError
+from tmem.config import ConfigError
+from tmem.schema import Config
 from tmem.model import count_params
 from tmem.train.build import build, evaluation_graphdef
 from tmem.train.checkpoint import CheckpointError, Checkpoints

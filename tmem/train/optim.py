@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from tmem.config import OptimConfig
+from tmem.schema import OptimConfig
 
 
 def learning_rate(cfg: OptimConfig, decay_end: int) -> optax.Schedule:

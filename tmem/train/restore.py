@@ -25,7 +25,7 @@ from tmem.train.checkpoint import CheckpointError, Checkpoints
 class History:
     """A run's saved checkpoints, read one model at a time (formation over training)."""
 
-    cfg: Any  # tmem.config.Config of the run
+    cfg: Any  # tmem.schema.Config of the run
     checkpoints: Checkpoints
 
     @property
@@ -44,7 +44,7 @@ class History:
 class Run(NamedTuple):
     """A restored run: its config, the model at `step`, and its whole history."""
 
-    cfg: Any  # tmem.config.Config
+    cfg: Any  # tmem.schema.Config
     model: nnx.Module
     step: int
     history: History

@@ -96,7 +96,8 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
 
 def _rank(composed) -> int:
     """This process's rank in a multi-process run (cluster=multihost), 0 in a run of one process."""
-    from tmem.config import ClusterConfig, parse_group
+    from tmem.config import parse_group
+    from tmem.schema import ClusterConfig
     from tmem.train.cluster import process_id
 
     return process_id(parse_group("cluster", ClusterConfig, composed.cluster) if "cluster" in composed

@@ -10,7 +10,7 @@ import optax
 from flax import nnx, struct
 
 from tasks import Batch, Cursor, draw, draw_rows, rows
-from tmem.config import split_batch
+from tmem.schema import split_batch
 from tmem.train.mesh import summed_over_devices
 
 
@@ -77,7 +77,7 @@ def make_gradients(graphdef, task, batch_size: int, microbatch: int | None = Non
 
     With a `microbatch` below a device's part of the batch, each device
     differentiates its part in slices of that many examples, one after
-    another (tmem.config.split_batch), and the results are combined weighted
+    another (tmem.schema.split_batch), and the results are combined weighted
     by each slice's scored positions: the gradient of the whole batch, but one
     slice's activations stay in cache, which on a CPU makes a 64-example step
     cost about two 32-example ones rather than three. `key` may instead be a

@@ -21,7 +21,8 @@ import dataclasses
 
 from omegaconf import OmegaConf
 
-from tmem.config import Config, ConfigError, parse_group
+from tmem.config import ConfigError, parse_group
+from tmem.schema import Config
 
 LEARNED_TABLES = ("learned", "shortformer")  # positions held in a table of the trained length
 

@@ -9,7 +9,7 @@ import wandb
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from tmem.config import LoggerConfig
+from tmem.schema import LoggerConfig
 
 
 def sweep_job(hydra_cfg: DictConfig) -> dict | None:
