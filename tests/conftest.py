@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -88,6 +90,14 @@ def quick_only(cases, quick, ids=str) -> list:
 
 
 def compose_config(overrides=(), config_name: str = "train"):
+    """The composed config (a copy of its own: a test may change it)."""
+    return copy.deepcopy(_composed(tuple(overrides), config_name))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...], config_name: str):
+    # composed once a process: Hydra takes 0.1-0.2 s a composition (it reloads and merges every YAML file), a
+    # copy 0.01, and the suite composes the same few lists hundreds of times
     import tmem.config  # noqa: F401  registers the base configs the YAML files extend
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

@@ -53,9 +53,8 @@ def value_and_grads(form, x, delta, **kw):
 # scalar-add, vector-delta and none-add (linear attention: no decay, no write strength) run every branch of
 # `chunked`; the other rows are their cross-products. The quick subset runs one row per test.
 slow = pytest.mark.slow
-ROWS = [pytest.param("scalar", False, id="scalar-add"), pytest.param("vector", True, id="vector-delta"),
-        pytest.param("none", False, id="none-add"), pytest.param("vector", False, id="vector-add", marks=slow),
-        pytest.param("none", True, id="none-delta", marks=slow), pytest.param("scalar", True, id="scalar-delta", marks=slow)]
+ROWS = [pytest.param(decay, delta, id=f"{decay}-{'delta' if delta else 'add'}")
+        for decay in ("scalar", "vector", "none") for delta in (False, True)]
 
 
 @pytest.mark.parametrize("decay, delta", quick_only(ROWS, {"vector-delta"}))

@@ -9,9 +9,9 @@ from golden import GOLDEN, cases, measure
 RECORDED = np.load(GOLDEN)
 
 
-# the quick subset: softmax and a delta row with a data-dependent decay on tokens, LSA in the vector model; the
-# rest are slow
-QUICK = {"tokens-softmax-rope", "tokens-gated_deltanet", "vectors-lsa"}
+# the quick subset: softmax on tokens and LSA in the vector model (the fast-weight rows' programs compile for
+# 2-7 s each, and their math has quick oracles in test_chunked and test_fast_weight); the rest are slow
+QUICK = {"tokens-softmax-rope", "vectors-lsa"}
 
 
 @pytest.mark.parametrize("case", quick_only(sorted(cases()), QUICK))

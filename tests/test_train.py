@@ -124,6 +124,7 @@ def test_chance_is_the_loss_of_zero_outputs(tiny_cfg):
             pytest.approx(float(want(batch)), rel=1e-5)
 
 
+@pytest.mark.slow  # 7 s: trains and resumes; the quick subset's resume refusals are test_rundir's, before a step
 def test_resuming_with_another_optimizer_structure_fails_clearly(tiny_cfg, tmp_path):
     cfg, resolved = tiny_cfg("train.stop_after=10")
     run(cfg, tmp_path, resolved)
