@@ -97,6 +97,14 @@ def test_a_report_describes_one_task(rope_run, tmp_path):
     assert report["heldout"]["loss"] == pytest.approx(float(trained["loss"]), rel=1e-5)
 
 
+def test_evaluations_keep_compiled_programs_where_training_does():
+    from tmem.command import compose_command
+    from tmem.schema import ClusterConfig
+
+    assert compose_command(["run=/r"], "eval").compilation_cache == ClusterConfig().compilation_cache
+    assert compose_command(["run=/r", "compilation_cache=null"], "eval").compilation_cache is None
+
+
 def test_reports_go_to_a_folder_named_by_the_overrides():
     eval_module = importlib.import_module("eval")
     from tmem.command import compose_command

@@ -185,8 +185,9 @@ def register_bases() -> None:
     store.store(name="base_train", node={"train": node(TrainConfig)})
     # eval.yaml's task overrides: their fields are the run's task's, known only once the run is read, so the
     # node takes any key (without the struct flag Hydra puts on the rest) and tmem.train.task_overrides checks
-    # them; a YAML file cannot clear the flag, hence a stored node
-    evaluation = OmegaConf.create({"task": {}})
+    # them; a YAML file cannot clear the flag, hence a stored node. Evaluations keep their compiled programs
+    # where training does, by default
+    evaluation = OmegaConf.create({"task": {}, "compilation_cache": ClusterConfig().compilation_cache})
     OmegaConf.set_struct(evaluation.task, False)
     store.store(name="base_eval", node=evaluation)
 
