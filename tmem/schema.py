@@ -16,6 +16,7 @@ from typing import Any
 from tmem.layers import MLPS, NORMS
 from tmem.mixers import MixerConfig
 
+
 def _choice(field: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not one of: {', '.join(map(str, allowed))}")
