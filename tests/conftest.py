@@ -89,19 +89,19 @@ def quick_only(cases, quick, ids=str) -> list:
     return out
 
 
-def compose_config(overrides=(), config_name: str = "train"):
-    """The composed config (a copy of its own: a test may change it)."""
-    return copy.deepcopy(_composed(tuple(overrides), config_name))
+def compose_config(overrides=(), config_name: str = "train", with_hydra: bool = False):
+    """The composed config (Hydra's own under `hydra` if `with_hydra`), a copy of its own: a test may change it."""
+    return copy.deepcopy(_composed(tuple(overrides), config_name, with_hydra))
 
 
 @functools.cache
-def _composed(overrides: tuple[str, ...], config_name: str):
+def _composed(overrides: tuple[str, ...], config_name: str, with_hydra: bool):
     # composed once a process: Hydra takes 0.1-0.2 s a composition (it reloads and merges every YAML file), a
     # copy 0.01, and the suite composes the same few lists hundreds of times
     import tmem.config  # noqa: F401  registers the base configs the YAML files extend
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name, overrides=list(overrides))
+        return compose(config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def entry_devices(*overrides) -> int:

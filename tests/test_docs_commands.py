@@ -16,11 +16,9 @@ import re
 import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import tmem.config  # noqa: F401  registers the base configs the YAML files extend
-from conftest import ROOT, quick_only
+from conftest import ROOT, compose_config, quick_only
 
 DOCS = ("README.md", "MEMORY.md")
 COMMAND = re.compile(r"python (train|eval)\.py\b")
@@ -61,7 +59,8 @@ def jobs(script: str, multirun: bool, overrides: list[str]) -> list[list[str]]:
     sweeps = {}
     if script == "train" and multirun:
         first = [o if "," not in o.partition("=")[2] else o.split(",")[0] for o in overrides]
-        sweeps = {k: _values(str(v)) for k, v in (composed("train", tuple(first)).hydra.sweeper.params or {}).items()}
+        params = compose_config(first, with_hydra=True).hydra.sweeper.params
+        sweeps = {k: _values(str(v)) for k, v in (params or {}).items()}
     fixed = []
     for o in overrides:
         key, _, value = o.partition("=")
@@ -77,21 +76,19 @@ def jobs(script: str, multirun: bool, overrides: list[str]) -> list[list[str]]:
 
 
 @functools.cache
-def composed(script: str, job: tuple[str, ...]):
-    """A job's config with Hydra's own, composed once: commands in both docs share many jobs, and a composition
-    takes 0.1-0.2 s."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(script, overrides=list(job), return_hydra_config=True)
-
-
-@functools.cache
 def validated(job: tuple[str, ...]) -> None:
-    """Compose and validate a train.py job once (a failure raises, and is not cached)."""
+    """Compose and validate a train.py job once: commands in both docs share many jobs (a failure raises, and is
+    not cached)."""
     from tmem.command import check_group_overrides
     from tmem.config import validate
 
     assert check_group_overrides(list(job)) is None, job
-    validate(composed("train", job))
+    validate(compose_config(job, with_hydra=True))
+
+
+def command_id(case: tuple[str, str]) -> str:
+    doc, command = case
+    return f"{doc}:{command[:60]}"
 
 
 COMMANDS = documented_commands()
@@ -103,8 +100,8 @@ def test_the_docs_show_commands():
 
 
 # the quick subset checks the README's commands; MEMORY.md's experiment recipes (half the time) run in the full suite
-@pytest.mark.parametrize("doc, command", quick_only([pytest.param(d, c, id=f"{d}:{c[:60]}") for d, c in COMMANDS],
-                                                    {f"{d}:{c[:60]}" for d, c in COMMANDS if d == "README.md"}))
+@pytest.mark.parametrize("doc, command", quick_only(COMMANDS, {command_id(c) for c in COMMANDS if c[0] == "README.md"},
+                                                    ids=command_id))
 def test_documented_command_composes(doc, command):
     from tmem.probes import PROBES
 
@@ -113,5 +110,5 @@ def test_documented_command_composes(doc, command):
         if script == "train":
             validated(tuple(job))
         else:
-            probes = OmegaConf.to_container(composed("eval", tuple(job)).probes)
+            probes = OmegaConf.to_container(compose_config(job, "eval", with_hydra=True).probes)
             assert probes and set(probes) <= set(PROBES), f"{command}: unknown probe in {probes}"

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from conftest import TINY, TINY_LINREG, compose_config, run_entry
 from tasks import heldout
 from tmem.config import ConfigError
-from tmem.schema import LoggerConfig
 from tmem.probes import PROBES, Probe
+from tmem.schema import LoggerConfig
 from tmem.train.checkpoint import FINISHED
 from tmem.train.evaluate import evaluate
 from tmem.train.task_overrides import with_task

@@ -9,10 +9,10 @@ import pytest
 from conftest import compose_config, run_entry
 from tasks import Batch
 from tmem.config import validate
-from tmem.schema import LoggerConfig
 from tmem.model import build_model, load_weights
 from tmem.probes import PROBES, ProbeInput
 from tmem.probes.induction import analyse, classify
+from tmem.schema import LoggerConfig
 
 V, T, D, H = 16, 40, 96, 2
 # residual dims: token [0, 16), previous token [16, 32), copied output [32, 48); positions [48, 88) reach q, k only

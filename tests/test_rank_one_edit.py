@@ -6,10 +6,10 @@ import pytest
 
 from conftest import compose_config
 from tmem.config import validate
-from tmem.schema import LoggerConfig
 from tmem.model import build_model
 from tmem.probes import PROBES, ProbeInput
 from tmem.probes.rank_one_edit import memory_of
+from tmem.schema import LoggerConfig
 
 SMALL = ["experiment=memorize", "task.num_facts=64", "task.num_values=4", "task.seq_len=16", "train.batch_size=4",
          "mlp.expansion=2", "logger=disabled"]

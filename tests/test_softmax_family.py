@@ -19,11 +19,11 @@ from flax import nnx
 from conftest import quick_only
 from tmem.backbone import Block
 from tmem.config import ConfigError
-from tmem.schema import MLPConfig
 from tmem.memory.softmax import logn_scale, softmax_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.model import build_model, count_params
+from tmem.schema import MLPConfig
 
 B, T, D, H = 2, 10, 16, 4
 d = D // H

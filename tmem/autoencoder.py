@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tmem.backbone import Backbone
-from tmem.schema import Config
 from tmem.layers import linear, make_norm
+from tmem.schema import Config
 
 
 def sinusoids(length: int, width: int) -> jax.Array:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from tmem.schema import MLPConfig, ModelConfig
 from tmem.layers import MLP, make_norm
 from tmem.mixers import MixerConfig, MixerState, layer_of
 from tmem.mixers.base import at_positions
+from tmem.schema import MLPConfig, ModelConfig
 
 
 class Block(nnx.Module):

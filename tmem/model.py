@@ -8,8 +8,8 @@ from flax import nnx
 
 from tmem.autoencoder import AutoEncoder
 from tmem.backbone import Backbone, final_norm
-from tmem.schema import Config
 from tmem.layers import linear
+from tmem.schema import Config
 from tmem.vector_model import VectorModel
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from flax import nnx
 
 from tmem.backbone import Backbone, final_norm
-from tmem.schema import Config
 from tmem.layers import linear
+from tmem.schema import Config
 
 
 class VectorModel(Backbone):

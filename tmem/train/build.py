@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import optax
 from flax import nnx
 
-from tmem.schema import Config
 from tmem.mixers.base import MixerConfig
 from tmem.model import build_model
+from tmem.schema import Config
 from tmem.train.optim import build_optimizer, learning_rate
 from tmem.train.step import TrainState, init_state
 

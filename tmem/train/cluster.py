@@ -22,9 +22,9 @@ import os
 from typing import Mapping
 
 from tmem.config import ConfigError
+from tmem.schema import ClusterConfig, Config, TrainConfig
 
 # the smallest share of a slice `auto` gives a device: shares of 8 and up were measured faster on two devices than
-from tmem.schema import ClusterConfig, Config, TrainConfig
 # whole slices on one (BENCHMARKS.md); smaller shares, on machines with more cores, were not measured
 MIN_SHARE = 8
 

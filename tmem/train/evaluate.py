@@ -16,8 +16,8 @@ from pathlib import Path
 import jax
 
 from tmem.config import ConfigError
-from tmem.schema import LoggerConfig
 from tmem.probes import PROBES, ProbeInput
+from tmem.schema import LoggerConfig
 from tmem.train.restore import load_run, saved_run
 from tmem.train.task_overrides import spelled, with_task
 from tmem.train.tracking import Tracker

@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 
 from tasks import heldout
 from tmem.config import ConfigError
-from tmem.schema import Config
 from tmem.model import count_params
+from tmem.schema import Config
 from tmem.train.build import build, evaluation_graphdef
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.cluster import is_primary
