@@ -11,8 +11,8 @@ from conftest import quick_only
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 
 MAMBA2 = dict(decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, heads=4)
-REFERENCE = dict(qk_groups=1, conv_bias=True, output_norm_over="width", gate_before_norm=True)
-BEFORE = dict(qk_groups=None, conv_bias=False, output_norm_over="head", gate_before_norm=False)
+REFERENCE = dict(qk_groups=1, conv_bias=True, output_norm_over="width", gate_before_norm=True, expand=0.5)
+BEFORE = dict(qk_groups=None, conv_bias=False, output_norm_over="head", gate_before_norm=False, expand=1.0)
 
 
 def silu(x):
@@ -92,26 +92,40 @@ def test_the_default_row_is_the_reference_and_the_old_layer_is_a_setting(tiny_cf
     assert {k: getattr(before.mixer, k) for k in BEFORE} == BEFORE
 
 
-def test_parameters_and_state_count_the_shared_keys():
-    """Width 16, 4 heads of 4: one group of B and C (4 channels each) in place of 16, a conv bias per channel,
-    and one norm scale over all 16 values in place of 4."""
-    count = lambda layer: sum(p.size for p in jax.tree.leaves(nnx.state(layer, nnx.Param)))  # noqa: E731
+def test_one_group_of_b_and_c_is_as_wide_as_the_model_and_the_values_half_of_it():
+    """Width 16, 4 heads: the one group of B and C every head shares takes the whole width (d_state 16, where a
+    head with its own has its share, 4), the values half of it (expand 1/2: 2 a head); the state counts them."""
     ref, before = mamba2(**REFERENCE), mamba2(**BEFORE)
+    assert (ref.d_key, ref.d_value, before.d_key, before.d_value) == (16, 2, 4, 4)
+    assert ref.q.kernel.shape == ref.k.kernel.shape == (16, 16) and ref.v.kernel.shape == (16, 8)
     K = 4
-    projections = 2 * 16 * (16 - 4)  # q and k
-    conv = K * 2 * (16 - 4) - (2 * 4 + 16)  # fewer kernel channels, then the biases of 4 + 4 + 16
-    assert count(before) - count(ref) == projections + conv - (16 - 4)
-    ref_cfg = dataclasses.replace(FastWeightConfig(**MAMBA2), **REFERENCE)
-    assert ref_cfg.state_size(16, 9) == 4 * 4 * 4 + (K - 1) * (2 * 4 + 16)
+    cfg = dataclasses.replace(FastWeightConfig(**MAMBA2), **REFERENCE)
+    assert cfg.state_size(16, 9) == 4 * 16 * 2 + (K - 1) * (2 * 16 + 8)  # the memory, then the conv's window
 
 
-def test_qk_groups_must_divide_the_heads(tiny_cfg):
+def test_the_rows_wide_state_keeps_the_parameters_of_its_narrow_one(tiny_cfg):
+    """At the default job's width, 64 with 4 heads, the row's shape (B and C 64 wide, values 8 a head) holds twice
+    the state of B and C 16 wide with values 16 a head, in 2% more parameters a layer (0.9% of the model)."""
+    row = tiny_cfg("mixer=mamba2", "model.width=64", "mixer.heads=4")[0].mixer
+    narrow = dataclasses.replace(row, key_width=16, expand=1.0)
+    layers = [FastWeight(c, 64, rope=False, rngs=nnx.Rngs(0)) for c in (row, narrow)]
+    wide, old = (sum(p.size for p in jax.tree.leaves(nnx.state(layer, nnx.Param))) for layer in layers)
+    assert 1 < wide / old < 1.02
+    memory = [c.heads * c.widths(64)[1] * c.widths(64)[2] for c in (row, narrow)]
+    assert memory == [4 * 64 * 8, 4 * 16 * 16]
+
+
+def test_qk_groups_must_divide_the_heads_and_the_heads_the_values(tiny_cfg):
     from tmem.config import ConfigError
 
     with pytest.raises(ConfigError, match="mixer.qk_groups=3 must divide mixer.heads=4"):
         tiny_cfg("mixer=mamba2", "mixer.heads=4", "mixer.qk_groups=3")
     with pytest.raises(ConfigError, match="mixer.output_norm_over='group' is not one of: head, width"):
         tiny_cfg("mixer=mamba2", "mixer.output_norm_over=group")
+    with pytest.raises(ConfigError, match="mixer.heads=2 must divide mixer.expand x model.width=5"):
+        tiny_cfg("mixer=mamba2", "mixer.expand=0.3125")
+    with pytest.raises(ConfigError, match="mixer.expand=0.0 must be positive"):
+        tiny_cfg("mixer=mamba2", "mixer.expand=0")
 
 
 def test_a_range_draws_each_heads_a_within_it():

@@ -71,8 +71,14 @@ class FastWeightConfig(MixerConfig):
     # heads that share one q and one k (Mamba-2's C and B, its n_groups): None gives each head its own; must
     # divide heads. Not softmax's kv_heads: here the values stay per head and the keys and queries are shared.
     qk_groups: int | None = None
-    key_width: int | None = None  # d_k per head before the feature map; None: width // heads
-    value_width: int | None = None  # d_v per head; None: width // heads
+    # d_k of each group of q and k before the feature map; None: the model's width split over the groups,
+    # width // groups: each head's share, or all of it for one group that every head shares (Mamba-2's B and C),
+    # whose width costs no parameters per head
+    key_width: int | None = None
+    value_width: int | None = None  # d_v per head; None: expand * width // heads
+    # the values' total width H d_v as a multiple of the model's, where value_width is None (Mamba-2's expand): 1
+    # for fla's rows; Mamba-2's 1/2 pays for its B and C as wide as the model (configs/mixer/mamba2.yaml)
+    expand: float = 1.0
     feature_map: str = "identity"  # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k)
     dpfp_nu: int = 1
     normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
@@ -122,8 +128,15 @@ class FastWeightConfig(MixerConfig):
             raise ValueError(f"mixer.short_conv={self.short_conv} must be 0 (none) or a kernel size")
         if self.qk_groups is not None and self.heads % self.qk_groups:
             raise ValueError(f"mixer.qk_groups={self.qk_groups} must divide mixer.heads={self.heads}")
-        if (self.key_width is None or self.value_width is None) and width % self.heads:
-            raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        if self.expand <= 0:
+            raise ValueError(f"mixer.expand={self.expand} must be positive")
+        if self.key_width is None and width % self.groups:
+            knob = "qk_groups" if self.qk_groups else "heads"
+            raise ValueError(f"mixer.{knob}={self.groups} must divide model.width={width}")
+        if self.value_width is None and (self.expand * width) % self.heads:
+            total = (f"model.width={width}" if self.expand == 1
+                     else f"mixer.expand x model.width={self.expand * width:g}")
+            raise ValueError(f"mixer.heads={self.heads} must divide {total}")
         if self.rule == "delta" and self.qk_norm != "l2":
             raise ValueError("mixer.qk_norm must be l2 with rule=delta: the delta write is stable for unit keys only")
         if self.write_strength == "dt" and self.decay != "scalar":
@@ -143,9 +156,10 @@ class FastWeightConfig(MixerConfig):
         return self.qk_groups or self.heads
 
     def widths(self, width: int) -> tuple[int, int, int]:
-        """d_k, d_phi (the state's key width) and d_v, per head."""
-        d_key = self.key_width or width // self.heads
-        return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), self.value_width or width // self.heads
+        """d_k, d_phi (the state's key width) and d_v: each head's, its q and k shared by its group's heads."""
+        d_key = self.key_width or width // self.groups
+        d_value = self.value_width or int(self.expand * width) // self.heads
+        return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), d_value
 
     def fit(self, task, width: int) -> FastWeightConfig:
         """eval_form=auto made concrete: it depends on the keys' width, which the model's width decides."""

@@ -59,7 +59,7 @@ PRESETS = {
     ("decay", "linear", "one_step", "zero"): FastWeightConfig(name="retnet", decay="fixed", output_gate=True, heads=2),
     ("gate", "linear", "one_step", "zero"): FastWeightConfig(
         name="mamba2", decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, qk_groups=1,
-        conv_bias=True, output_norm_over="width", gate_before_norm=True, a_range=(0.1, 1.0)),
+        conv_bias=True, output_norm_over="width", gate_before_norm=True, a_range=(0.1, 1.0), expand=0.5),
     ("uniform", "linear", "sgd", "zero"): FastWeightConfig(name="deltanet", rule="delta", write_strength="sigmoid",
                                                            qk_norm="l2", heads=1),
     ("gate", "linear", "sgd", "zero"): FastWeightConfig(
