@@ -48,8 +48,8 @@ VECTOR = [*TINY_LINREG, "model.read_in=learned", "model.width=16", "model.depth=
 
 # rows whose defaults changed after the recording: the settings they had, held to the original recording.
 # Mamba-2 before its reference layer: per-head B and C, no convolution bias, a per-head norm with the gate after
-# it, A ~ U(1, 16), values as wide as the model; linear attention before unit q and k; Gated DeltaNet before its sigmoid gate; GLA before its
-# open forget gate
+# it, A ~ U(1, 16), values as wide as the model; linear attention before unit q and k; Gated DeltaNet before its
+# sigmoid gate; GLA before its open forget gate
 BEFORE = {"mamba2": ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
                      "mixer.gate_before_norm=false", "mixer.a_range=[1,16]", "mixer.expand=1"],
           "linear": ["mixer.qk_norm=none"],
