@@ -13,16 +13,19 @@ import numpy as np
 import pytest
 from orbax.checkpoint import v1 as ocp
 
-from conftest import ROOT, quick_only
+from conftest import ROOT, TINY, compose_config, quick_only
+from tmem.config import validate
 from tmem.model import build_model
 from tmem.train.checkpoint import FINISHED, TMP_SUFFIX, CheckpointError, Checkpoints, Damaged
 from tmem.train.optim import build_optimizer, learning_rate
 from tmem.train.step import init_state, make_train_step
 
 
-@pytest.fixture
-def trained_state(tiny_cfg):
-    cfg, _ = tiny_cfg()
+@pytest.fixture(scope="module")
+def trained_state():
+    """Made once for the file: every test reads it and none changes it, and a test that made its own paid for the
+    step's trace and a compiled program's load again (about 0.8 s each)."""
+    cfg = validate(compose_config(TINY))
     tx = build_optimizer(cfg.optim, 10)
     graphdef, state = init_state(build_model(cfg, cfg.task), tx, seed=7)
     step = jax.jit(make_train_step(graphdef, cfg.task, tx, 8, learning_rate(cfg.optim, 10)))
