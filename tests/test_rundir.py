@@ -108,6 +108,7 @@ BAD = [
     (["hydra.run.dir={run}", "train.resume=true", "optim.lr=0.5"], "changes optim.lr"),
     (["hydra.run.dir={run}", "train.resume=true", "train.batch_size=32"], "changes train.batch_size (16 -> 32)"),
     (["hydra.run.dir={run}", "train.resume=true", "optim.b1=1.5"], "optim.b1=1.5 must be in [0, 1)"),
+    (["hydra.run.dir={run}", "train.resume=true", "train.steps=40"], "decay from step 20 to 40"),
 ]
 
 
@@ -159,9 +160,10 @@ def test_a_bad_eval_request_is_one_line_and_writes_nothing(args, message, finish
 
 
 def test_a_resume_may_change_the_budget_cadence_and_logging(finished_run):
+    # a budget raised with the decay's end kept where the run's was (train.steps, 20): a resume may not move it
     args = rundir.prepare([*TINY, f"hydra.run.dir={finished_run}", "train.resume=true", "train.steps=40",
-                           "train.eval_every=5", "train.checkpoint_every=5", "logger.mode=offline",
-                           "train.keep_checkpoints=null"])
+                           "optim.decay_steps=20", "train.eval_every=5", "train.checkpoint_every=5",
+                           "logger.mode=offline", "train.keep_checkpoints=null"])
     assert args[-2:] == [f"hydra.run.dir={finished_run}", "hydra.output_subdir=null"]  # .hydra stays as it started
 
 
@@ -236,6 +238,38 @@ def test_a_run_saved_before_eval_form_auto_resumes_with_it(tmp_path):
     rundir.check_resume(tmp_path, resolved)
     with pytest.raises(ConfigError, match="mixer.chunk"):
         rundir.check_resume(tmp_path, {**resolved, "mixer": {**resolved["mixer"], "chunk": 16}})
+
+
+def saved_run(tmp_path, *overrides) -> dict:
+    """A run directory holding only Hydra's record of a TINY run's start; its resolved config."""
+    resolved = OmegaConf.to_container(compose_config([*TINY, *overrides]), resolve=True)
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(resolved), tmp_path / ".hydra" / "config.yaml")
+    return resolved
+
+
+def with_train(resolved: dict, **train) -> dict:
+    return {**resolved, "train": {**resolved["train"], **train}}
+
+
+def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
+    """A decay that ends at train.steps (optim.decay_steps null) would end later if a resume raised the budget: the
+    rate would jump up mid-run. Refused, naming the setting that keeps the run's schedule, which then resumes."""
+    resolved = saved_run(tmp_path)
+    assert resolved["train"]["steps"] == 20 and resolved["optim"]["decay_steps"] is None
+    with pytest.raises(ConfigError, match=r"from step 20 to 40 .* with optim.decay_steps=20, or start a new run"):
+        rundir.check_resume(tmp_path, with_train(resolved, steps=40))
+    kept = with_train(resolved, steps=40)
+    rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 20}})
+    with pytest.raises(ConfigError, match="from step 20 to 30"):  # a decay's end set outright is the run's too
+        rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 30}})
+
+
+@pytest.mark.parametrize("overrides", [["optim.schedule=constant"], ["mixer=mamba2"]], ids=["constant", "recommended"])
+def test_a_budget_raised_under_a_schedule_that_does_not_follow_it_resumes(tmp_path, overrides):
+    """A constant rate, and a row's recommended decay (Mamba-2's ends at 1,500 whatever train.steps), do not move."""
+    resolved = saved_run(tmp_path, *overrides)
+    rundir.check_resume(tmp_path, with_train(resolved, steps=40))
 
 
 def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):

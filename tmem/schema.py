@@ -95,8 +95,8 @@ class OptimConfig:
     final_lr_ratio: float = 0.1
     # the step the decay ends at, warmup included; the rate then stays at final_lr_ratio * lr. null: the mixer's
     # recommendation (mixer.optim.decay_steps), else train.steps. train.steps is also the cap of a run that stops
-    # at its target, so raising the cap (or resuming a run with a higher one) stretches a decay tied to it; a run
-    # with decay_steps set keeps its schedule
+    # at its target, so raising the cap stretches a decay tied to it; a resume may not (tmem.train.rundir: it names
+    # decay_steps, which keeps the run's schedule)
     decay_steps: int | None = None
     clip_norm: float | None = 1.0
 

@@ -190,10 +190,16 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
     if saved is None:
         raise ConfigError(f"hydra.run.dir={run_dir} holds no config to resume from (no readable checkpoint and no "
                           ".hydra/config.yaml): choose another hydra.run.dir for a new run")
+    old_end, new_end = decay_end(saved), decay_end(resolved)
+    if old_end != new_end:
+        raise ConfigError(f"train.resume: this command moves the end of the run's learning-rate decay from step "
+                          f"{old_end} to {new_end} (optim.decay_steps, or train.steps where it and the mixer's "
+                          f"recommendation are null): keep the run's schedule with optim.decay_steps={old_end}, or "
+                          "start a new run in another hydra.run.dir")
     old, new = _flat(saved), _flat(resolved)
     changed = [k for k in sorted(old.keys() | new.keys())
-               if old.get(k) != new.get(k) and not any(k == f or (f.endswith(".") and k.startswith(f))
-                                                       for f in RESUMABLE)]
+               if old.get(k) != new.get(k) and k != "optim.decay_steps"  # compared as the decay's end, above
+               and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUMABLE)]
     if changed:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
@@ -201,6 +207,17 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
                           "may change only the step budget, logging, evaluation, checkpoint cadence, target and "
                           "microbatch (README: Run directories): drop those overrides, or start a new run in "
                           "another hydra.run.dir")
+
+
+def decay_end(resolved: dict) -> int | None:
+    """The step a resolved config's learning-rate decay ends at (None for a constant rate): optim.decay_steps, else
+    the mixer's recommendation, else train.steps, as validation and tmem.train.build take it. A resume that raises
+    train.steps must not move it: the rate would jump mid-run, and the run would no longer be one schedule."""
+    optim = resolved.get("optim", {})
+    if optim.get("schedule") == "constant":
+        return None
+    recommended = (resolved.get("mixer", {}).get("optim") or {}).get("decay_steps")
+    return optim.get("decay_steps") or recommended or resolved["train"]["steps"]
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
