@@ -263,6 +263,8 @@ def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
     rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 20}})
     with pytest.raises(ConfigError, match="from step 20 to 30"):  # a decay's end set outright is the run's too
         rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 30}})
+    with pytest.raises(ConfigError, match="changes optim.schedule"):  # a changed schedule is named as itself
+        rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "schedule": "constant"}})
 
 
 @pytest.mark.parametrize("overrides", [["optim.schedule=constant"], ["mixer=mamba2"]], ids=["constant", "recommended"])

@@ -190,15 +190,9 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
     if saved is None:
         raise ConfigError(f"hydra.run.dir={run_dir} holds no config to resume from (no readable checkpoint and no "
                           ".hydra/config.yaml): choose another hydra.run.dir for a new run")
-    old_end, new_end = decay_end(saved), decay_end(resolved)
-    if old_end != new_end:
-        raise ConfigError(f"train.resume: this command moves the end of the run's learning-rate decay from step "
-                          f"{old_end} to {new_end} (optim.decay_steps, or train.steps where it and the mixer's "
-                          f"recommendation are null): keep the run's schedule with optim.decay_steps={old_end}, or "
-                          "start a new run in another hydra.run.dir")
     old, new = _flat(saved), _flat(resolved)
     changed = [k for k in sorted(old.keys() | new.keys())
-               if old.get(k) != new.get(k) and k != "optim.decay_steps"  # compared as the decay's end, above
+               if old.get(k) != new.get(k) and k != "optim.decay_steps"  # compared as the decay's end, below
                and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUMABLE)]
     if changed:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
@@ -207,6 +201,13 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
                           "may change only the step budget, logging, evaluation, checkpoint cadence, target and "
                           "microbatch (README: Run directories): drop those overrides, or start a new run in "
                           "another hydra.run.dir")
+    # after the fields: a changed schedule or model is named as such
+    old_end, new_end = decay_end(saved), decay_end(resolved)
+    if old_end != new_end:
+        raise ConfigError(f"train.resume: this command moves the end of the run's learning-rate decay from step "
+                          f"{old_end} to {new_end} (optim.decay_steps, or train.steps where it and the mixer's "
+                          f"recommendation are null): keep the run's schedule with optim.decay_steps={old_end}, or "
+                          "start a new run in another hydra.run.dir")
 
 
 def decay_end(resolved: dict) -> int | None:
