@@ -126,6 +126,9 @@ def test_qk_groups_must_divide_the_heads_and_the_heads_the_values(tiny_cfg):
         tiny_cfg("mixer=mamba2", "mixer.expand=0.3125")
     with pytest.raises(ConfigError, match="mixer.expand=0.0 must be positive"):
         tiny_cfg("mixer=mamba2", "mixer.expand=0")
+    rounded = FastWeightConfig(expand=0.1, heads=3)  # 0.1 x 30 is 3.0000000000000004 in floats: three values
+    rounded.check(30)
+    assert rounded.widths(30)[2] == 1
 
 
 def test_a_range_draws_each_heads_a_within_it():

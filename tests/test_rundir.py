@@ -227,63 +227,65 @@ def test_a_claim_is_exclusive_across_processes(tmp_path):
     assert sorted(p.communicate(timeout=120)[0].strip() for p in procs) == ["lost", "won"]
 
 
+def resolved_of(*overrides) -> dict:
+    """The resolved config of a TINY run with these overrides."""
+    return OmegaConf.to_container(compose_config([*TINY, *overrides]), resolve=True)
+
+
+def record(run_dir, resolved: dict) -> None:
+    """Make run_dir hold only Hydra's record of a run's start, this config: what check_resume compares against."""
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create(resolved), run_dir / ".hydra" / "config.yaml")
+
+
+def changed(resolved: dict, group: str, **fields) -> dict:
+    """The config with these fields of one group set."""
+    return {**resolved, group: {**resolved[group], **fields}}
+
+
 def test_a_run_saved_before_eval_form_auto_resumes_with_it(tmp_path):
     """The evaluation's form computes the same function, so a delta row's run saved with eval_form null resumes
     under the new default; its mixer's other fields still may not change."""
-    resolved = OmegaConf.to_container(compose_config([*TINY, "mixer=deltanet"]), resolve=True)
+    resolved = resolved_of("mixer=deltanet")
     assert resolved["mixer"]["eval_form"] == "auto"
-    (tmp_path / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.create({**resolved, "mixer": {**resolved["mixer"], "eval_form": None}}),
-                   tmp_path / ".hydra" / "config.yaml")
+    record(tmp_path, changed(resolved, "mixer", eval_form=None))
     rundir.check_resume(tmp_path, resolved)
     with pytest.raises(ConfigError, match="mixer.chunk"):
-        rundir.check_resume(tmp_path, {**resolved, "mixer": {**resolved["mixer"], "chunk": 16}})
-
-
-def saved_run(tmp_path, *overrides) -> dict:
-    """A run directory holding only Hydra's record of a TINY run's start; its resolved config."""
-    resolved = OmegaConf.to_container(compose_config([*TINY, *overrides]), resolve=True)
-    (tmp_path / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.create(resolved), tmp_path / ".hydra" / "config.yaml")
-    return resolved
-
-
-def with_train(resolved: dict, **train) -> dict:
-    return {**resolved, "train": {**resolved["train"], **train}}
+        rundir.check_resume(tmp_path, changed(resolved, "mixer", chunk=16))
 
 
 def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
     """A decay that ends at train.steps (optim.decay_steps null) would end later if a resume raised the budget: the
     rate would jump up mid-run. Refused, naming the setting that keeps the run's schedule, which then resumes."""
-    resolved = saved_run(tmp_path)
+    resolved = resolved_of()
+    record(tmp_path, resolved)
     assert resolved["train"]["steps"] == 20 and resolved["optim"]["decay_steps"] is None
+    kept = changed(resolved, "train", steps=40)
     with pytest.raises(ConfigError, match=r"from step 20 to 40 .* with optim.decay_steps=20, or start a new run"):
-        rundir.check_resume(tmp_path, with_train(resolved, steps=40))
-    kept = with_train(resolved, steps=40)
-    rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 20}})
+        rundir.check_resume(tmp_path, kept)
+    rundir.check_resume(tmp_path, changed(kept, "optim", decay_steps=20))
     with pytest.raises(ConfigError, match="from step 20 to 30"):  # a decay's end set outright is the run's too
-        rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "decay_steps": 30}})
+        rundir.check_resume(tmp_path, changed(kept, "optim", decay_steps=30))
     with pytest.raises(ConfigError, match="changes optim.schedule"):  # a changed schedule is named as itself
-        rundir.check_resume(tmp_path, {**kept, "optim": {**kept["optim"], "schedule": "constant"}})
+        rundir.check_resume(tmp_path, changed(kept, "optim", schedule="constant"))
 
 
 @pytest.mark.parametrize("overrides", [["optim.schedule=constant"], ["mixer=mamba2"]], ids=["constant", "recommended"])
 def test_a_budget_raised_under_a_schedule_that_does_not_follow_it_resumes(tmp_path, overrides):
     """A constant rate, and a row's recommended decay (Mamba-2's ends at 1,500 whatever train.steps), do not move."""
-    resolved = saved_run(tmp_path, *overrides)
-    rundir.check_resume(tmp_path, with_train(resolved, steps=40))
+    resolved = resolved_of(*overrides)
+    record(tmp_path, resolved)
+    rundir.check_resume(tmp_path, changed(resolved, "train", steps=40))
 
 
 def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):
     """Runs saved before train.microbatch=auto hold a number and no mixer.microbatch; the slice is no part of the
     run (the same update), so a resume may change it either way."""
-    resolved = OmegaConf.to_container(compose_config(TINY), resolve=True)
+    resolved = resolved_of()
     assert resolved["train"]["microbatch"] == "auto"
-    old = {**resolved, "train": {**resolved["train"], "microbatch": 32},
-           "mixer": {k: v for k, v in resolved["mixer"].items() if k != "microbatch"}}
-    (tmp_path / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
+    record(tmp_path, {**changed(resolved, "train", microbatch=32),
+                      "mixer": {k: v for k, v in resolved["mixer"].items() if k != "microbatch"}})
     rundir.check_resume(tmp_path, resolved)
-    rundir.check_resume(tmp_path, {**resolved, "train": {**resolved["train"], "microbatch": 8}})
+    rundir.check_resume(tmp_path, changed(resolved, "train", microbatch=8))
     with pytest.raises(ConfigError, match="train.batch_size"):
-        rundir.check_resume(tmp_path, {**resolved, "train": {**resolved["train"], "batch_size": 8}})
+        rundir.check_resume(tmp_path, changed(resolved, "train", batch_size=8))

@@ -239,3 +239,9 @@ class Config:
     train: TrainConfig
     name: str | None = None
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)  # absent from runs made before it
+
+    @property
+    def decay_end(self) -> int:
+        """The step the learning-rate decay ends at: optim.decay_steps (where validation puts the mixer's
+        recommendation), else train.steps."""
+        return self.optim.decay_steps or self.train.steps

@@ -133,10 +133,10 @@ class FastWeightConfig(MixerConfig):
         if self.key_width is None and width % self.groups:
             knob = "qk_groups" if self.qk_groups else "heads"
             raise ValueError(f"mixer.{knob}={self.groups} must divide model.width={width}")
-        if self.value_width is None and (self.expand * width) % self.heads:
-            total = (f"model.width={width}" if self.expand == 1
-                     else f"mixer.expand x model.width={self.expand * width:g}")
-            raise ValueError(f"mixer.heads={self.heads} must divide {total}")
+        total = self.values_total(width)
+        if self.value_width is None and (not total.is_integer() or total % self.heads):
+            named = f"model.width={width}" if self.expand == 1 else f"mixer.expand x model.width={total:g}"
+            raise ValueError(f"mixer.heads={self.heads} must divide {named}")
         if self.rule == "delta" and self.qk_norm != "l2":
             raise ValueError("mixer.qk_norm must be l2 with rule=delta: the delta write is stable for unit keys only")
         if self.write_strength == "dt" and self.decay != "scalar":
@@ -155,10 +155,16 @@ class FastWeightConfig(MixerConfig):
         """How many distinct q and k projections: qk_groups, or one per head."""
         return self.qk_groups or self.heads
 
+    def values_total(self, width: int) -> float:
+        """expand x width, the values' total width where value_width is None; rounded off where float products
+        miss a whole number (0.1 x 30 is 3.0000000000000004)."""
+        total = self.expand * width
+        return float(round(total)) if abs(total - round(total)) < 1e-9 else total
+
     def widths(self, width: int) -> tuple[int, int, int]:
         """d_k, d_phi (the state's key width) and d_v: each head's, its q and k shared by its group's heads."""
         d_key = self.key_width or width // self.groups
-        d_value = self.value_width or int(self.expand * width) // self.heads
+        d_value = self.value_width or int(self.values_total(width)) // self.heads
         return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), d_value
 
     def fit(self, task, width: int) -> FastWeightConfig:

@@ -42,10 +42,9 @@ def build(cfg: Config, seed: int | None = None) -> Built:
     """
     seed = cfg.train.seed if seed is None else seed
     model = build_model(cfg, cfg.task, seed)
-    decay_end = cfg.optim.decay_steps or cfg.train.steps
-    tx = build_optimizer(cfg.optim, decay_end)
+    tx = build_optimizer(cfg.optim, cfg.decay_end)
     graphdef, state = init_state(model, tx, seed)
-    return Built(graphdef, state, tx, learning_rate(cfg.optim, decay_end))
+    return Built(graphdef, state, tx, learning_rate(cfg.optim, cfg.decay_end))
 
 
 def evaluation_graphdef(graphdef: Any, params: Any, rest: Any) -> Any:

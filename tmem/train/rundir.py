@@ -201,8 +201,9 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
                           "may change only the step budget, logging, evaluation, checkpoint cadence, target and "
                           "microbatch (README: Run directories): drop those overrides, or start a new run in "
                           "another hydra.run.dir")
-    # after the fields: a changed schedule or model is named as such
-    old_end, new_end = decay_end(saved), decay_end(resolved)
+    # after the fields: a changed schedule or model is named as such. A raised train.steps must not move the end of
+    # a decay that follows it: the rate would jump mid-run, and the run would no longer be one schedule
+    old_end, new_end = (_decay_end(c) for c in (saved, resolved))
     if old_end != new_end:
         raise ConfigError(f"train.resume: this command moves the end of the run's learning-rate decay from step "
                           f"{old_end} to {new_end} (optim.decay_steps, or train.steps where it and the mixer's "
@@ -210,15 +211,13 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
                           "start a new run in another hydra.run.dir")
 
 
-def decay_end(resolved: dict) -> int | None:
-    """The step a resolved config's learning-rate decay ends at (None for a constant rate): optim.decay_steps, else
-    the mixer's recommendation, else train.steps, as validation and tmem.train.build take it. A resume that raises
-    train.steps must not move it: the rate would jump mid-run, and the run would no longer be one schedule."""
-    optim = resolved.get("optim", {})
-    if optim.get("schedule") == "constant":
-        return None
-    recommended = (resolved.get("mixer", {}).get("optim") or {}).get("decay_steps")
-    return optim.get("decay_steps") or recommended or resolved["train"]["steps"]
+def _decay_end(resolved: dict) -> int | None:
+    """Config.decay_end of a resolved config, None for a constant rate (it has no end to move)."""
+    try:
+        cfg = validate(OmegaConf.create(resolved))
+    except ConfigError as e:
+        raise ConfigError(f"train.resume: the run's saved config no longer validates: {e}") from None
+    return None if cfg.optim.schedule == "constant" else cfg.decay_end
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
