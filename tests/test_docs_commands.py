@@ -1,6 +1,6 @@
 """Every train.py and eval.py command the docs show still composes and validates.
 
-Commands are read from README.md and MEMORY.md: lines of their code blocks
+Commands are read from README.md, MEMORY.md and docs/*.md: lines of their code blocks
 (with `\\` continuations) and inline `python train.py ...` spans. A sweep
 (`a=x,y` on the command line, or an experiment's hydra.sweeper.params) is
 checked one value at a time, the other swept keys at their first value, so a
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, compose_config, quick_only
 
-DOCS = ("README.md", "MEMORY.md")
+DOCS = ("README.md", "MEMORY.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 COMMAND = re.compile(r"python (train|eval)\.py\b")
 
 
