@@ -31,7 +31,7 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
     assert record["config"]["model"]["width"] == 16
     devices = entry_devices(*TINY)  # the default: one per core, as many as split the batch
     assert summary["devices"] == devices
-    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"mesh: {devices} cpu device"):
+    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"training on {devices} cpu device"):
         assert line in done.stdout
 
 
