@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tmem.config import ConfigError, validate
 from tmem.train import rundir
 from tmem.train.cluster import process_id, start
+from tmem.train.resolved import describe_config
 
 log = logging.getLogger("train")  # Hydra's job logging: the console and <run dir>/train.log
 
@@ -35,8 +36,6 @@ def main(cfg: DictConfig) -> dict:
                 rundir.claim(run_dir, hydra_wrote=True)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
-    from tmem.train.resolved import describe_config
-
     log.info(describe_config(config))
 
     from tmem.train.checkpoint import CheckpointError  # after validation: orbax loads slowly

@@ -19,7 +19,7 @@ from tmem.config import validate
 from tmem.train.mesh import describe
 from tmem.train.optim import learning_rate
 from tmem.train.record import METRICS, MetricsFile, read_metrics
-from tmem.train.resolved import RESOLVED, run_record, versions_of
+from tmem.train.resolved import RESOLVED, _commit, run_record, versions_of
 
 
 def test_a_20_step_run_keeps_its_curve_log_and_resolved_record_whatever_the_logger(tmp_path):
@@ -68,7 +68,8 @@ def test_the_record_holds_what_a_regression_cell_resolved_to_not_its_knobs():
     assert json.loads(json.dumps(record)) == record == yaml.safe_load(yaml.safe_dump(record))  # plain values only
 
 
-def test_the_versions_are_the_installed_ones_and_the_commit_the_checkout():
+def test_the_versions_are_the_installed_ones_and_the_commit_the_checkout(tmp_path):
+    assert _commit(tmp_path) == {"commit": None, "dirty": None}  # no checkout there: no commit, and no failure
     versions = versions_of()
     assert (versions["jax"], versions["flax"], versions["optax"], versions["orbax"]) == (
         jax.__version__, flax.__version__, optax.__version__, orbax.checkpoint.__version__)

@@ -85,11 +85,12 @@ def _commit(root: Path) -> dict:
                               timeout=10).stdout.strip()
 
     try:
-        if Path(git("rev-parse", "--show-toplevel")).resolve() != root:  # tmem installed inside another project
-            raise ValueError
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return {"commit": None, "dirty": None}
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == root:  # not a project tmem was installed into
+            return {"commit": git("rev-parse", "HEAD"),
+                    "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):  # no git, or no checkout
+        pass
+    return {"commit": None, "dirty": None}
 
 
 def write_resolved(run_dir: Path, record: dict) -> None:

@@ -114,7 +114,8 @@ def _follower(args: list[str], key: str, given: dict) -> list[str]:
     if key not in given:
         raise ConfigError(f"cluster=multihost: every process of a run writes to one directory, and each would "
                           f"take its own timestamp: give {key} (the same on every process)")
-    return _pinned(args, key, Path(given[key])) + ["hydra.output_subdir=null", "hydra.job_logging.root.handlers=[console]"]
+    return _pinned(args, key, Path(given[key])) + ["hydra.output_subdir=null",
+                                                   "hydra.job_logging.root.handlers=[console]"]
 
 
 def holds_run(run_dir: Path) -> bool:
