@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, entry_devices, quick_only, run_entry, wandb_run
+from conftest import ROOT, TINY, check_run_record, entry_devices, quick_only, run_entry, wandb_run
 
 
 def test_train_writes_everything_a_run_directory_holds(tmp_path):
@@ -33,6 +33,7 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
     assert summary["devices"] == devices
     for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"training on {devices} cpu device"):
         assert line in done.stdout
+    check_run_record(tmp_path, done.stdout, [*TINY, "logger=offline"])  # metrics.jsonl, train.log, resolved.yaml
 
 
 @pytest.mark.slow
