@@ -29,6 +29,7 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
     record = wandb_run(tmp_path)  # a single run is its own group, its config the run's (a sweep's job adds more)
     assert record["group"] == tmp_path.name and "multirun" not in record["config"]
     assert record["config"]["model"]["width"] == 16
+    assert record["config"]["resolved"]["layer"] == "tmem.mixers.attention.SoftmaxAttention"  # and the run's record
     devices = entry_devices(*TINY)  # the default: one per core, as many as split the batch
     assert summary["devices"] == devices
     for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"training on {devices} cpu device"):

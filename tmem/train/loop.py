@@ -141,7 +141,8 @@ class Trainer:
         session = self.name if self.resumed_from is None else f"{self.name}-resume-{self.resumed_from}"
         group, tracked = group_and_config(self.name, resolved, sweep)
         logger = cfg.logger if is_primary() else dataclasses.replace(cfg.logger, mode="disabled")  # one wandb run
-        self.tracker = Tracker(logger, run_dir, name=session, group=group, config=tracked)
+        # the run's record beside its config, so a dashboard can filter by the layer a grid cell resolved to
+        self.tracker = Tracker(logger, run_dir, name=session, group=group, config={**tracked, **self.record})
         self.tracker.summary({"parameters": self.n_params})
 
         self.train_step = data_parallel_step(cfg, graphdef, tx, self.schedule, self.mesh)
