@@ -9,6 +9,7 @@ stays as trained); such a report goes to <run>/eval/<the overrides>/, e.g.
 <run>/eval/task.num_kv_pairs=32,task.seq_len=256/, beside the others.
 """
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 
 from tmem.config import ConfigError, parse_group
 from tmem.schema import LoggerConfig
+
+log = logging.getLogger("eval")  # Hydra's job logging: the console and <report dir>/eval.log
 
 
 def eval_dir(run, task=None) -> str:
@@ -53,9 +56,9 @@ def main(cfg: DictConfig) -> dict:
                           task=task_overrides(cfg))
     except (ConfigError, CheckpointError) as e:
         sys.exit(f"error: {e}")
-    print(f"report: {out_dir.absolute() / 'report.json'} (step {report['step']})")
+    log.info(f"report: {out_dir.absolute() / 'report.json'} (step {report['step']})")
     for name, path in report.get("figures", {}).items():
-        print(f"figure: {path}")
+        log.info(f"figure: {path}")
     return report
 
 

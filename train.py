@@ -6,6 +6,7 @@
     python train.py hydra.run.dir=runs/a train.resume=true   # continue a run
 """
 
+import logging
 import sys
 
 import hydra
@@ -16,6 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from tmem.config import ConfigError, validate
 from tmem.train import rundir
 from tmem.train.cluster import process_id, start
+from tmem.train.resolved import describe_config
+
+log = logging.getLogger("train")  # Hydra's job logging: the console and <run dir>/train.log
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -32,6 +36,7 @@ def main(cfg: DictConfig) -> dict:
                 rundir.claim(run_dir, hydra_wrote=True)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
+    log.info(describe_config(config))
 
     from tmem.train.checkpoint import CheckpointError  # after validation: orbax loads slowly
     from tmem.train.loop import TrainingDiverged, run
@@ -49,12 +54,12 @@ def main(cfg: DictConfig) -> dict:
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.startswith("eval/"))
     reached = ("not reached" if summary["target_step"] is None else
                f"reached at step {summary['target_step']} after {summary['target_seconds']:.1f} s")
-    print(f"{summary['status']} after {summary['steps']} steps in {summary['wall_seconds']:.1f} s: {metrics}")
+    log.info(f"{summary['status']} after {summary['steps']} steps in {summary['wall_seconds']:.1f} s: {metrics}")
     compare = ">=" if config.task.higher_is_better else "<="
-    print(f"target {summary['target_metric']} {compare} {summary['target_value']}: {reached}")
-    print(f"run:        {summary['run_dir']}")
-    print(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
-    print(f"wandb:      {summary['wandb_dir'] or 'disabled'}")
+    log.info(f"target {summary['target_metric']} {compare} {summary['target_value']}: {reached}")
+    log.info(f"run:        {summary['run_dir']}")
+    log.info(f"checkpoint: {summary['checkpoint_dir']} (step {summary['checkpoint_step']})")
+    log.info(f"wandb:      {summary['wandb_dir'] or 'disabled'}")
     if "signal" in summary:
         sys.exit(128 + summary["signal"])
     return summary

@@ -136,6 +136,49 @@ def run_entry(script: str, *args: str, timeout: float = 300, optimised: bool = F
                           text=True, timeout=timeout, env=env, **kwargs)
 
 
+def check_run_record(run_dir: Path, stdout: str, overrides: list[str]) -> list[dict]:
+    """Assert what a finished train.py run directory holds whatever the logger, and return its metrics.jsonl lines:
+    the curve (training means every train.log_every, evaluations every train.eval_every and at the end, the
+    schedule's rate, the wall time), the console log in train.log with the console's lines, bare there, and the
+    resolved run in resolved.yaml and summary.json."""
+    import json
+
+    import yaml
+
+    from tmem.config import validate
+    from tmem.train.optim import learning_rate
+    from tmem.train.record import read_metrics
+    from tmem.train.resolved import RESOLVED, run_record
+
+    cfg, summary = validate(compose_config(overrides)), json.loads((run_dir / "summary.json").read_text())
+    t, steps = cfg.train, summary["steps"]
+    lines = read_metrics(run_dir)
+    evals = [line for line in lines if "eval/loss" in line]
+    evals_at = sorted({*range(t.eval_every, steps + 1, t.eval_every), steps})  # and the last step, always
+    assert [line["step"] for line in evals] == evals_at
+    assert [line["step"] for line in lines if "train/loss" in line] == sorted(
+        {*range(t.log_every, steps + 1, t.log_every), *evals_at})  # every evaluation logs the means before it
+    assert evals[-1]["eval/accuracy"] == summary["eval/accuracy"]
+    schedule = learning_rate(cfg.optim, cfg.decay_end)
+    for line in lines:
+        assert line["lr"] == pytest.approx(float(schedule(line["step"])), rel=1e-6)
+    seconds = [line["wall_seconds"] for line in lines]
+    assert seconds == sorted(seconds) and 0 < seconds[-1] <= summary["wall_seconds"]
+
+    log = (run_dir / "train.log").read_text()
+    for line in (f"config checked: task {cfg.task.name}, mixer {cfg.mixer.name}",
+                 f"training on {summary['devices']} cpu device",
+                 f"step {evals[0]['step']}: eval/accuracy={evals[0]['eval/accuracy']:.4f}",
+                 f"{summary['status']} after {steps} steps", "checkpoint: "):
+        assert line in log and line in stdout, line
+    assert "[INFO]" in log and "[INFO]" not in stdout  # the file's prefixes, not the console's
+
+    record = run_record(cfg, summary["hardware"], summary["versions"])
+    assert {k: summary[k] for k in record} == record == yaml.safe_load((run_dir / RESOLVED).read_text())
+    assert summary["hardware"] == {"devices": summary["devices"], "platform": "cpu", "kind": "cpu", "processes": 1}
+    return lines
+
+
 @pytest.fixture
 def model_and_tokens(tiny_cfg):
     """make(*overrides) -> (config, a freshly built model, a batch of 3 random token sequences)."""

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, entry_devices, quick_only, run_entry, wandb_run
+from conftest import ROOT, TINY, check_run_record, entry_devices, quick_only, run_entry, wandb_run
 
 
 def test_train_writes_everything_a_run_directory_holds(tmp_path):
@@ -29,10 +29,12 @@ def test_train_writes_everything_a_run_directory_holds(tmp_path):
     record = wandb_run(tmp_path)  # a single run is its own group, its config the run's (a sweep's job adds more)
     assert record["group"] == tmp_path.name and "multirun" not in record["config"]
     assert record["config"]["model"]["width"] == 16
+    assert record["config"]["resolved"]["layer"] == "tmem.mixers.attention.SoftmaxAttention"  # and the run's record
     devices = entry_devices(*TINY)  # the default: one per core, as many as split the batch
     assert summary["devices"] == devices
-    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"mesh: {devices} cpu device"):
+    for line in ("checkpoint:", "wandb:", "run:", "eval/accuracy=", f"training on {devices} cpu device"):
         assert line in done.stdout
+    check_run_record(tmp_path, done.stdout, [*TINY, "logger=offline"])  # metrics.jsonl, train.log, resolved.yaml
 
 
 @pytest.mark.slow

@@ -161,8 +161,8 @@ def test_two_devices_train_as_one(two_devices):
     assert out["mad_macro_1"] == pytest.approx(want, rel=1e-5) and out["mad_macro_2"] == pytest.approx(want, rel=1e-5)
     assert abs(out["mad_macro_by_batches_of_50"] - want) > 1e-4  # so the grouping is what the test sees
     assert out["devices_1"] == [1] and out["devices_2"] == [2]
-    assert out["describe"] == ("mesh: 2 cpu devices on the data axis: each batch of 16 split 8 per device, the train "
-                               "state replicated")
+    assert out["describe"] == ("training on 2 cpu devices: each batch of 16 split 8 per device on the data axis, "
+                               "the train state replicated")
 
 
 @pytest.mark.slow  # one subprocess of its own with 2 devices, shared by these three
@@ -202,4 +202,4 @@ def test_one_device_places_nothing_and_names_its_mesh():
     assert mesh.axis_names == ("data",) and mesh.size == 1
     # the one-device program is the one it always was: no shard_map, the whole share
     assert summed_over_devices(mesh, lambda x, device, devices: (x, device, devices))(7) == (7, 0, 1)
-    assert describe(mesh, 64) == "mesh: 1 cpu device (data axis of 1): the whole batch of 64 on it"
+    assert describe(mesh, 64) == "training on 1 cpu device: the whole batch of 64 on it"

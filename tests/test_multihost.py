@@ -47,7 +47,8 @@ def test_two_processes_train_as_one(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 0)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
-    assert "mesh: 2 cpu devices of 2 processes on the data axis" in outs[1]
+    assert "training on 2 cpu devices of 2 processes: each batch" in outs[1]
+    assert (run_dir / "train.log").read_text().count("training on 2 cpu devices") == 1  # rank 0's alone
 
     cfg = compose_config(RUN)
     one = run(validate(cfg), tmp_path / "one", OmegaConf.to_container(cfg, resolve=True))
@@ -99,7 +100,7 @@ def test_train_py_trains_on_the_cpu_devices_it_is_asked_for(tmp_path):
     done = run_entry("train.py", *TINY, "cluster.cpu_devices=2", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["devices"] == 2
-    assert "mesh: 2 cpu devices on the data axis" in done.stdout
+    assert "training on 2 cpu devices: each batch" in done.stdout
 
 
 def test_a_count_asked_for_after_jax_started_must_be_the_one_it_has(monkeypatch):
@@ -162,7 +163,8 @@ def test_a_process_other_than_rank_0_claims_nothing_and_needs_the_run_directory(
     with pytest.raises(ConfigError, match="give hydra.sweep.dir"):
         rundir.prepare(["-m", *TINY, *given, "model.width=16,32"])
     args = rundir.prepare([*TINY, *given, f"hydra.run.dir={tmp_path / 'run'}"])
-    assert args[-2:] == [f"hydra.run.dir={tmp_path / 'run'}", "hydra.output_subdir=null"]
+    assert args[-3:] == [f"hydra.run.dir={tmp_path / 'run'}", "hydra.output_subdir=null",
+                         "hydra.job_logging.root.handlers=[console]"]  # train.log is rank 0's
     assert not (tmp_path / "run").exists()  # rank 0 claims it
     rank0 = rundir.prepare([*TINY, *given[:-1], "cluster.process_id=0", f"hydra.run.dir={tmp_path / 'run'}"])
     assert (tmp_path / "run" / rundir.CLAIM).is_file() and "hydra.output_subdir=null" not in rank0

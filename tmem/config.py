@@ -80,6 +80,13 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     return dataclasses.replace(parsed, **lists) if lists else parsed
 
 
+def plain(config) -> dict:
+    """A config dataclass as plain YAML and JSON values (the inverse of `parse_group`): nested configs as dicts,
+    tuples as lists."""
+    return dataclasses.asdict(config, dict_factory=lambda fields: {k: list(v) if isinstance(v, tuple) else v
+                                                                   for k, v in fields})
+
+
 def _writable(node: DictConfig) -> DictConfig:
     """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
     carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
@@ -172,8 +179,7 @@ def register_bases() -> None:
     store = ConfigStore.instance()
 
     def node(schema, **values):
-        return {**{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(schema()).items()},
-                **values}
+        return {**plain(schema()), **values}
 
     for row in set(CONFIGS.values()):
         store.store(group="mixer", name=f"base_{row.__module__.rsplit('.', 1)[-1]}", node=node(row))

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks import heldout
 from tmem.config import ConfigError
@@ -22,11 +23,14 @@ from tmem.train.build import build, evaluation_graphdef
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.cluster import is_primary
 from tmem.train.mesh import check_divisible, data_mesh, describe, replicated
+from tmem.train.record import MetricsFile
+from tmem.train.resolved import hardware_of, run_record, versions_of, write_resolved
 from tmem.train.step import chance_loss, make_eval, make_train_step
 from tmem.train.tracking import Tracker, group_and_config
 
 PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
 FIX = "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm."
+log = logging.getLogger(__name__)  # the console and, under Hydra, the run's train.log
 
 
 class TrainingDiverged(RuntimeError):
@@ -95,11 +99,15 @@ class Trainer:
         problem = check_divisible(self.mesh.size, t)
         if problem:  # before anything compiles
             raise ConfigError(problem)
-        print(describe(self.mesh, t.batch_size))
+        log.info(describe(self.mesh, t.batch_size))
+        self.record = run_record(cfg, hardware_of(self.mesh), versions_of())
+        if is_primary():  # before anything compiles: a run that crashes still says what it ran
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_resolved(run_dir, self.record)
         whole = replicated(self.mesh)
         built = build(cfg)
         self.n_params = count_params(built.model)
-        graphdef, state, tx, schedule = built
+        graphdef, state, tx, self.schedule = built
         self.state = jax.device_put(state, whole)
         del built, state  # their arrays now live in self.state, which the step donates
         evaluated = evaluation_graphdef(graphdef, self.state.params, self.state.rest)
@@ -121,20 +129,23 @@ class Trainer:
         if t.resume:
             restored = self.ckpts.resume(jax.eval_shape(lambda: self.state))
             if restored is None:
-                print(f"train.resume: no checkpoint in {self.ckpts.directory} yet; starting from step 0")
+                log.info(f"train.resume: no checkpoint in {self.ckpts.directory} yet; starting from step 0")
             else:
                 self.state, self.resumed_from = restored, int(restored.step)
                 saved = self.ckpts.metrics(self.resumed_from)  # {} if unreadable: the state does not need them
                 self.progress.update({k: saved[k] for k in PROGRESS_KEYS if k in saved})
+        # the curve on disk, from the step the run continues from: lines a resumed run no longer holds are dropped
+        self.metrics_file = MetricsFile(run_dir, self.resumed_from or 0) if is_primary() else None
 
         self.name = cfg.name or run_dir.name
         session = self.name if self.resumed_from is None else f"{self.name}-resume-{self.resumed_from}"
         group, tracked = group_and_config(self.name, resolved, sweep)
         logger = cfg.logger if is_primary() else dataclasses.replace(cfg.logger, mode="disabled")  # one wandb run
-        self.tracker = Tracker(logger, run_dir, name=session, group=group, config=tracked)
+        # the run's record beside its config, so a dashboard can filter by the layer a grid cell resolved to
+        self.tracker = Tracker(logger, run_dir, name=session, group=group, config={**tracked, **self.record})
         self.tracker.summary({"parameters": self.n_params})
 
-        self.train_step = data_parallel_step(cfg, graphdef, tx, schedule, self.mesh)
+        self.train_step = data_parallel_step(cfg, graphdef, tx, self.schedule, self.mesh)
         self.metric = f"eval/{task.target_metric}"
         self.last_eval: dict = {}
         self.shown: dict = {}  # the progress bar's training figures
@@ -142,12 +153,16 @@ class Trainer:
     # -- the loop ---------------------------------------------------------
 
     def fit(self, stop: list[int]) -> dict:
-        t = self.cfg.train
-        step, status, pending = int(self.state.step), "completed", []
+        t, step = self.cfg.train, int(self.state.step)
         last = t.steps if t.stop_after is None else min(t.steps, step + t.stop_after)
         self._start = time.perf_counter()
         bar = tqdm(total=t.steps, initial=step, desc=self.name, dynamic_ncols=True, mininterval=0.5,
                    disable=not is_primary())
+        with logging_redirect_tqdm(tqdm_class=tqdm):  # the console's log lines written around the bar
+            return self._fit(stop, step, last, bar)
+
+    def _fit(self, stop: list[int], step: int, last: int, bar) -> dict:
+        t, status, pending = self.cfg.train, "completed", []
         try:
             while step < last:
                 self.state, metrics = self.train_step(self.state)
@@ -188,7 +203,7 @@ class Trainer:
         summary = self._summary(status, step)
         self.tracker.summary({k: v for k, v in summary.items() if isinstance(v, (int, float))})
         self._close(bar, exit_code=0 if status != "interrupted" else 1)
-        self._write_summary(summary)
+        summary = self._write_summary(summary)
         if stop:
             summary["signal"] = stop[0]
         return summary
@@ -201,7 +216,8 @@ class Trainer:
         host = jax.device_get(pending)
         means = {f"train/{k}": float(np.mean([m[k] for m in host])) for k in host[0]}
         self._check_finite(step)
-        self.tracker.log(means, step)
+        del means["train/lr"]  # the mean of the steps' rates; the record's `lr` is the schedule's at this step
+        self._publish(step, means)
         bar.update(step - bar.n)
         self.shown = {"loss": f"{means['train/loss']:.3f}"}
         if "train/accuracy" in means:
@@ -219,13 +235,22 @@ class Trainer:
         """Evaluate on the held-out set; True the first time the target is reached."""
         results = jax.device_get(self._evaluate(self.state.params, self.state.rest, self.heldout))
         self.last_eval = {f"eval/{k}": float(v) for k, v in results.items()}
-        self.tracker.log(self.last_eval, step)
+        self._publish(step, self.last_eval)
+        log.info(f"step {step}: " + " ".join(f"{k}={v:.4f}" for k, v in self.last_eval.items()))
         self.last_eval["eval/step"] = step
         self._check_bounded(step)
         if self.progress["target_step"] is None and self._reached(self.last_eval[self.metric]):
             self.progress.update(target_step=step, target_seconds=self._seconds())
             return True
         return False
+
+    def _publish(self, step: int, metrics: dict) -> None:
+        """One logged step's metrics, with the run's wall time and the schedule's rate, to wandb and the run's
+        metrics.jsonl alike (tmem.train.record)."""
+        values = {"wall_seconds": round(self._seconds(), 3), "lr": float(self.schedule(step)), **metrics}
+        self.tracker.log(values, step)
+        if self.metrics_file is not None:
+            self.metrics_file.write(step, values)
 
     def _reached(self, value: float) -> bool:
         target, higher = self.cfg.train.target, self.cfg.task.higher_is_better
@@ -288,10 +313,15 @@ class Trainer:
             "wandb_dir": self.tracker.directory,
         }
 
-    def _write_summary(self, summary: dict) -> None:
+    def _write_summary(self, summary: dict) -> dict:
+        """Write `summary` with the run's record (tmem.train.resolved) as nested sections after it; return both."""
+        summary = {**summary, **self.record}
         if is_primary():  # every process of a multi-process run holds the same summary; one writes it
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
     def _close(self, bar, exit_code: int) -> None:
         bar.close()
         self.tracker.finish(exit_code=exit_code)
+        if self.metrics_file is not None:
+            self.metrics_file.close()

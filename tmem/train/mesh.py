@@ -75,12 +75,13 @@ def check_divisible(devices: int, train) -> str | None:
 
 
 def describe(mesh: Mesh, batch_size: int) -> str:
-    """The console's one line naming the mesh, so a user can see whether a run was really split."""
-    kind = mesh.devices.flat[0].platform
-    n = mesh.size
+    """The console's one line naming the devices a run trains on and how the batch is split, so a user sees at
+    once whether a run was really split, and whether a GPU install fell back to the CPU."""
+    first, n = mesh.devices.flat[0], mesh.size
+    kind = "" if first.device_kind == first.platform else f" ({first.device_kind})"  # a CPU's kind is "cpu"
     if n == 1:
-        return f"mesh: 1 {kind} device (data axis of 1): the whole batch of {batch_size} on it"
+        return f"training on 1 {first.platform} device{kind}: the whole batch of {batch_size} on it"
     processes = len({d.process_index for d in mesh.devices.flat})
     across = f" of {processes} processes" if processes > 1 else ""
-    return (f"mesh: {n} {kind} devices{across} on the data axis: each batch of {batch_size} split {batch_size // n} "
-            "per device, the train state replicated")
+    return (f"training on {n} {first.platform} devices{kind}{across}: each batch of {batch_size} split "
+            f"{batch_size // n} per device on the data axis, the train state replicated")

@@ -109,11 +109,13 @@ def _follower(args: list[str], key: str, given: dict) -> list[str]:
 
     Rank 0 claims the directory and checks a resume; every process must name
     the same directory, which a timestamp each process takes for itself would not.
+    Its log goes to its own console only: train.log is rank 0's.
     """
     if key not in given:
         raise ConfigError(f"cluster=multihost: every process of a run writes to one directory, and each would "
                           f"take its own timestamp: give {key} (the same on every process)")
-    return _pinned(args, key, Path(given[key])) + ["hydra.output_subdir=null"]
+    return _pinned(args, key, Path(given[key])) + ["hydra.output_subdir=null",
+                                                   "hydra.job_logging.root.handlers=[console]"]
 
 
 def holds_run(run_dir: Path) -> bool:
