@@ -18,6 +18,9 @@ def fake_run(root, name, mixer, width, kv, lr, accuracy, seq_len=64, seed=0):
     cfg.mixer.name = mixer  # a mixer this branch may not have: the gather reads names, it builds nothing
     cfg.train.seed, cfg.optim.lr = seed, lr  # set here, not composed: one composition per cell shape
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    given = [f"mixer={mixer}", f"model.width={width}", f"task.num_kv_pairs={kv}", f"train.seed={seed}",
+             *([] if lr is None else [f"optim.lr={lr}"])]
+    OmegaConf.save(OmegaConf.create(given), run / ".hydra" / "overrides.yaml")
     (run / "summary.json").write_text(json.dumps({"eval/accuracy": accuracy, "eval/loss": 1.0 - accuracy,
                                                   "status": "completed", "steps": 10, "state_size": width**2}))
     return run
@@ -40,6 +43,7 @@ def test_each_cell_is_the_median_of_its_seeds_at_the_rate_with_the_best_median(t
     assert len(points) == 4
     softmax = points[("softmax", 32, 4)]
     assert (softmax["lr"], softmax["n"], softmax["seeds"]) == (1e-3, 3, "0,1,2")
+    assert softmax["configuration"] == "mixer=softmax model.width=32 optim.lr=0.001 task.num_kv_pairs=4"
     assert (softmax["accuracy"], softmax["accuracy_min"], softmax["accuracy_max"]) == (0.98, 0.97, 0.99)
     linear = points[("linear", 32, 4)]
     assert (linear["accuracy"], linear["accuracy_min"], linear["accuracy_max"]) == (pytest.approx(0.8), 0.7, 0.9)

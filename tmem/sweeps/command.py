@@ -72,8 +72,10 @@ class Drawn(NamedTuple):
 
 
 def command_parser(doc: str) -> argparse.ArgumentParser:
+    """A sweep command's parser: the roots it reads and --force."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
     parser.add_argument("--force", action="store_true", help="overwrite outputs that exist")
     return parser
 
@@ -86,7 +88,6 @@ def gather_command(argv, name: str, doc: str, draw: Callable[[argparse.Namespace
     Returns (exit code, the drawn rows, the output folder); problems get one line on stderr.
     """
     parser = command_parser(doc)
-    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
     parser.add_argument("--out", help=f"the folder for {name}.csv, .png and .svg (default: the first root)")
     options(parser)
     args = parser.parse_args(argv)

@@ -107,7 +107,7 @@ def steps_to_target(found: list[Job]) -> Drawn:
             rows.append({"configuration": label(r, folded.keys), "mark": "median", "seed": "", "steps": median,
                          "reached": not isinstance(median, AtLeast)})
     names = list(dict.fromkeys(r["configuration"] for r in rows))
-    fig = Figure(figsize=(max(3.5, 1.1 * len(names) + 1.5), 3.6))
+    fig = Figure(figsize=(max(4.0, 1.1 * len(names) + 1.5), 3.8))
     ax = fig.subplots()
     for x, n in enumerate(names):
         seeds = [r for r in rows if r["configuration"] == n and r["mark"] == "seed"]
@@ -119,8 +119,8 @@ def steps_to_target(found: list[Job]) -> Drawn:
             ax.hlines(r["steps"], x - 0.3, x + 0.3, color="k", lw=2, ls="-" if r["reached"] else "--")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     target = next((j.fields.get("target_value") for j in found if j.fields.get("target_value") is not None), "")
-    ax.set(ylabel=f"steps to {target}", title="seeds (o; open ^: not reached, at the budget), median (bar; dashed: "
-                                              "at least)")
+    ax.set(xlim=(-0.6, len(names) - 0.4), ylabel=f"steps to {target}",
+           title="o: a seed; open ^: not reached, drawn at its budget\nbar: the median (dashed: at least)")
     ax.title.set_fontsize(8)
     fig.tight_layout()
     return Drawn(rows, ["configuration", "mark", "seed", "steps", "reached"], fig)
@@ -136,7 +136,8 @@ def state_size(found: list[Job], metric: str | None = None) -> Drawn:
     rows = [{"configuration": label(r, folded.keys), "series": label(r, series), "state_size": r["state_size:median"],
              "n": r["n"], "median": r[f"{metric}:median"], "min": r[f"{metric}:min"], "max": r[f"{metric}:max"]}
             for r in folded.rows if r.get("state_size:median") is not None and r.get(f"{metric}:median") is not None]
-    rows.sort(key=lambda r: (r["series"], r["state_size"]))
+    order = list(dict.fromkeys(r["series"] for r in rows))  # the sweep's order
+    rows.sort(key=lambda r: (order.index(r["series"]), r["state_size"]))
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
     colors = _colors(list(dict.fromkeys(r["series"] for r in rows)))
@@ -144,8 +145,11 @@ def state_size(found: list[Job], metric: str | None = None) -> Drawn:
         line = [r for r in rows if r["series"] == s]
         ax.errorbar([r["state_size"] for r in line], [r["median"] for r in line], fmt="o-", color=color, label=s,
                     capsize=2, yerr=[[r["median"] - r["min"] for r in line], [r["max"] - r["median"] for r in line]])
-    ax.set(xscale="log", xlabel="state size (numbers per sequence)", ylabel=f"{metric} (median over seeds)",
-           title=f"{metric} against state size; bars: min to max over seeds")
+    ax.set(xscale="log", xlabel="state size (elements per sequence, all layers)",
+           ylabel=f"{metric} (median over seeds)", title=f"{metric} against state size; bars: min to max over seeds")
+    sizes = sorted({r["state_size"] for r in rows})
+    ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
+    ax.minorticks_off()
     ax.title.set_fontsize(9)
     if rows:
         ax.legend(fontsize=7)

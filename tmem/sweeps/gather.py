@@ -86,7 +86,6 @@ class Gathered(NamedTuple):
     swept: dict[str, list[str]]  # sweep directory -> the override keys whose values differ among its jobs
     best: dict[tuple, dict]  # (sweep, *values of `by`) -> that group's best row
     by: tuple[str, ...]  # the override keys that split a sweep into groups
-    jobs: list[Job]  # what the rows were made from
 
 
 def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None) -> Gathered:
@@ -103,7 +102,7 @@ def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None
                      higher=lambda r: higher_is_better(r, name(r) or ""))
     swept = {sweep: [k for k in keys if len({r.get(k) for r in rows if r["sweep"] == sweep}) > 1]
              for sweep in dict.fromkeys(r["sweep"] for r in rows)}
-    return Gathered(rows, list(dict.fromkeys([*FIRST, *keys, *fields])), swept, best, by, found)
+    return Gathered(rows, list(dict.fromkeys([*FIRST, *keys, *fields])), swept, best, by)
 
 
 class Folded(NamedTuple):
@@ -163,7 +162,6 @@ def report(found: Gathered, metric: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(__doc__)
-    parser.add_argument("roots", nargs="+", help="multirun directories (searched recursively for finished jobs)")
     parser.add_argument("--by", default="", help="override keys whose values split a sweep into groups, "
                                                  "comma-separated (default: one group per sweep)")
     parser.add_argument("--metric", help="summary field to rank by (default: each job's target metric)")

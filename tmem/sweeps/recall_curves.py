@@ -8,10 +8,11 @@ holding summary.json and .hydra/config.yaml) and draws `recall_curves.png`
 and `.svg`: one panel per sequence length and number of key-value pairs,
 accuracy against model width, one line per mixer. Each point is a cell's
 median over its seeds, its bar their min to max; where a cell was also swept
-over another setting such as the learning rate, the point is the setting with
-the best median (Zoology plots the best of four learning rates).
-`recall_curves.csv` holds exactly those points: each cell's chosen rate, n,
-its seeds and the accuracy's median, min and max.
+over another setting such as the learning rate, the point is the
+configuration (the run's overrides less train.seed) with the best median
+(Zoology plots the best of four learning rates). `recall_curves.csv` holds
+exactly those points: each cell's chosen configuration and rate, n, its
+seeds and the accuracy's median, min and max.
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tmem.sweeps.command import Drawn, gather_command
-from tmem.sweeps.runs import find_runs, read_each, summary
+from tmem.sweeps.gather import SEED
+from tmem.sweeps.runs import find_runs, overrides, read_each, summary
 from tmem.sweeps.seeds import order_statistics
 
-RUN_COLUMNS = ["mixer", "width", "seq_len", "num_kv_pairs", "lr", "seed", "accuracy", "loss", "status", "steps",
-               "wall_seconds", "parameters", "state_size", "run_dir"]
 CELL = ("mixer", "width", "seq_len", "num_kv_pairs")
-COLUMNS = [*CELL, "lr", "n", "seeds", "accuracy", "accuracy_min", "accuracy_max", "parameters", "state_size"]
+COLUMNS = [*CELL, "lr", "n", "seeds", "accuracy", "accuracy_min", "accuracy_max", "parameters", "state_size",
+           "configuration"]
 
 
 def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
     """One row from a run's summary and composed config."""
     fields = summary(run_dir)
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    setting = " ".join(f"{k}={v}" for k, v in sorted(overrides(run_dir).items()) if k != SEED)
     return {
         "mixer": cfg.mixer.name, "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
         "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)),
@@ -42,7 +44,7 @@ def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
         "seed": int(cfg.train.seed), "accuracy": fields.get(metric), "loss": fields.get("eval/loss"),
         "status": fields.get("status"), "steps": fields.get("steps"),
         "wall_seconds": fields.get("wall_seconds"), "parameters": fields.get("parameters"),
-        "state_size": fields.get("state_size"), "run_dir": str(run_dir),
+        "state_size": fields.get("state_size"), "configuration": setting, "run_dir": str(run_dir),
     }
 
 
@@ -53,14 +55,15 @@ def gather(roots: list[str | Path]) -> list[dict]:
 
 
 def cells(rows: list[dict]) -> list[dict]:
-    """Each cell's point: its runs folded over seeds at every rate, and the rate whose median is highest."""
+    """Each cell's point: its runs folded over seeds in every configuration (the overrides less the seed: a rate,
+    a gate), and the configuration whose median is highest."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((*(r[c] for c in CELL), r["lr"]), []).append(r)
+        groups.setdefault((*(r[c] for c in CELL), r["configuration"]), []).append(r)
     best: dict[tuple, dict] = {}
-    for (*cell, lr), runs in groups.items():
+    for (*cell, setting), runs in groups.items():
         accuracy = order_statistics([r["accuracy"] for r in runs], [False] * len(runs))
-        point = {**dict(zip(CELL, cell)), "lr": lr, "n": len(runs),
+        point = {**dict(zip(CELL, cell)), "lr": runs[0]["lr"], "configuration": setting, "n": len(runs),
                  "seeds": ",".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"])),
                  "accuracy": accuracy["median"], "accuracy_min": accuracy["min"], "accuracy_max": accuracy["max"],
                  "parameters": runs[0]["parameters"], "state_size": runs[0]["state_size"]}

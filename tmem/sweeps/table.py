@@ -86,17 +86,16 @@ def markdown(found: list[Job], base: str = "mixer=softmax", command: str = "") -
     return "\n".join(lines) + "\n"
 
 
-def whole(v) -> str:
-    return "" if v is None else f">={v:.0f}" if isinstance(v, AtLeast) else f"{v:.0f}"
+def rounded(digits: int):
+    """A cell's text at `digits` decimals, `>=` before a lower bound."""
+    return lambda v: "" if v is None else f"{'>=' if isinstance(v, AtLeast) else ''}{v:.{digits}f}"
 
 
-def tenths(v) -> str:
-    return "" if v is None else f">={v:.1f}" if isinstance(v, AtLeast) else f"{v:.1f}"
+whole, tenths = rounded(0), rounded(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser(__doc__)
-    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
     parser.add_argument("--base", default="mixer=softmax", help="the configuration the seconds are a ratio to, as "
                                                                 "key=value (default: mixer=softmax)")
     parser.add_argument("--out", help="also write the table to this Markdown file")
