@@ -143,7 +143,7 @@ def test_the_table_names_its_sweep_command_and_times_rows_against_softmax(tmp_pa
     assert table.main([str(sweep), "--base", "softmax"]) == 2
 
 
-@pytest.mark.slow  # six tiny jobs through train.py -m (100 s on the two shared cores)
+@pytest.mark.slow  # six tiny jobs through train.py -m (about a minute on the two shared cores)
 def test_a_real_three_seed_sweep_of_two_rows_folds_to_its_jobs_numbers(tmp_path, capsys):
     import statistics
 

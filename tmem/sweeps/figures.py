@@ -37,7 +37,8 @@ from tmem.sweeps.seeds import AtLeast, Job, band, configuration, label, to_targe
 
 def _names(found: list[Job]) -> Callable[[Job], str]:
     """A job's configuration's name: its values of the overrides that differ between configurations."""
-    return lambda job, keys=fold_seeds(found).keys: label(dict(configuration(job, SEED)), keys)
+    keys = fold_seeds(found).keys
+    return lambda job: label(dict(configuration(job, SEED)), keys)
 
 
 def _metric(found: list[Job], metric: str | None) -> str:
