@@ -66,10 +66,10 @@ def test_state_size_against_accuracy_and_the_commands_checks(sweep, tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert figures.main(["curves", str(tmp_path / "empty")]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"error: {out} already holds state_size.csv, state_size.png, state_size.svg; add --force to overwrite"
-    assert err[1] == f"error: --out {out / 'state_size.csv'} is a file; name a folder for state_size.csv, " \
-                     "state_size.png, state_size.svg"
-    assert err[2] == "error: 'curve' is not a figure; name one of: curves, steps, state (python -m tmem.sweeps.figures " \
-                     "curves DIR)"
+    files = "state_size.csv, state_size.png, state_size.svg"
+    assert err[0] == f"error: {out} already holds {files}; add --force to overwrite"
+    assert err[1] == f"error: --out {out / 'state_size.csv'} is a file; name a folder for {files}"
+    assert err[2] == ("error: 'curve' is not a figure; name one of: curves, steps, state "
+                      "(python -m tmem.sweeps.figures curves DIR)")
     assert err[3] == f"error: no such directory: {tmp_path / 'none'}" and err[4].startswith("error: no finished runs")
     assert figures.main(["state", str(sweep), "--out", str(out), "--force"]) == 0

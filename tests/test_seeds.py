@@ -110,7 +110,8 @@ def test_outputs_are_checked_before_anything_is_written(tmp_path, capsys):
     folder = tmp_path / "a_folder"
     folder.mkdir()
     assert gather.main([str(tmp_path / "sweep"), "--out", str(folder)]) == 2
-    assert gather.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "sweep" / "0" / "summary.json" / "x.csv")]) == 2
+    under_a_file = tmp_path / "sweep" / "0" / "summary.json" / "x.csv"
+    assert gather.main([str(tmp_path / "sweep"), "--out", str(under_a_file)]) == 2
     assert gather.main([str(tmp_path / "sweep")]) == 0
     assert gather.main([str(tmp_path / "sweep")]) == 2  # jobs.csv exists
     err = capsys.readouterr().err.splitlines()
@@ -123,7 +124,7 @@ def test_outputs_are_checked_before_anything_is_written(tmp_path, capsys):
 def test_the_table_names_its_sweep_command_and_times_rows_against_softmax(tmp_path, capsys):
     sweep = tmp_path / "rows"
     softmax_and_linear(sweep)
-    (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: ['mixer=softmax,linear', 'train.seed=0,1,2']\n")
+    (sweep / "multirun.yaml").write_text("hydra: {overrides: {task: ['mixer=softmax,linear', 'train.seed=0,1,2']}}\n")
     for job in sweep.glob("*/summary.json"):
         job.write_text(json.dumps({**json.loads(job.read_text()), "versions": {"commit": "abc1234"}}))
     out = tmp_path / "rows.md"

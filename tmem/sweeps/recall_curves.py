@@ -1,6 +1,6 @@
 """Zoology's figure from a sweep: held-out MQAR accuracy against width, one line per mixer, over seeds.
 
-    python train.py -m experiment=recall_curves train.seed=0,1,2      # the sweep (configs/experiment/recall_curves.yaml)
+    python train.py -m experiment=recall_curves train.seed=0,1,2    # configs/experiment/recall_curves.yaml
     python -m tmem.sweeps.recall_curves multirun/<date>/<time> [more sweep dirs] [--out DIR] [--force]
 
 Gathers every finished run under the given directories (a run is a folder

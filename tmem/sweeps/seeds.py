@@ -114,8 +114,8 @@ def fold(jobs: list[Job], over: str = "train.seed") -> list[dict[str, Any]]:
         groups.setdefault(configuration(job, over), []).append(job)
     rows = []
     for config, members in groups.items():
-        row: dict[str, Any] = {**dict(config), "n": len(members),
-                               "seeds": ",".join(sorted((j.overrides[over] for j in members if over in j.overrides), key=natural))}
+        seeds = sorted((j.overrides[over] for j in members if over in j.overrides), key=natural)
+        row: dict[str, Any] = {**dict(config), "n": len(members), "seeds": ",".join(seeds)}
         targets = [to_target(j) for j in members]
         if any(targets):
             row["n_reached"] = sum(j.fields.get("target_step") is not None for j in members)

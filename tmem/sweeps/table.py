@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tmem.sweeps.command import check_file, command_parser, fail, missing, nothing_under
-from tmem.sweeps.gather import SEED, fold_seeds, jobs, spread
+from tmem.sweeps.gather import fold_seeds, jobs, spread
 from tmem.sweeps.seeds import AtLeast, Job
 
 
