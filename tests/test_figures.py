@@ -23,7 +23,7 @@ def drawn(folder, name):
         return list(csv.DictReader(f))
 
 
-def test_learning_curves_are_the_median_and_band_over_seeds_at_shared_steps(sweep, tmp_path):
+def test_learning_curves_are_the_median_and_band_over_seeds_at_shared_steps(sweep, tmp_path, capsys):
     assert figures.main(["curves", str(sweep), "--out", str(tmp_path / "out")]) == 0
     table = drawn(tmp_path / "out", "learning_curves")
     assert [(r["configuration"], r["step"], r["n"]) for r in table] == [
@@ -35,6 +35,15 @@ def test_learning_curves_are_the_median_and_band_over_seeds_at_shared_steps(swee
     fig = figures.learning_curves(jobs([sweep])).figure
     lines = {line.get_label(): line for line in fig.axes[0].lines}
     np.testing.assert_allclose(lines["mixer=linear (n=3)"].get_ydata(), [0.4, 0.8, 0.8])
+
+    (sweep / "5" / "metrics.jsonl").write_text('{"step": 50, "eval/accuracy": 0.6}\n{"step": 100, "eval/acc')
+    (sweep / "4" / "metrics.jsonl").unlink()  # a run from before the file was written
+    rows = figures.learning_curves(jobs([sweep])).rows
+    assert [(r["configuration"], r["n"], r["median"]) for r in rows if r["step"] == 100] == [
+        ("mixer=softmax", 3, 0.995), ("mixer=linear", 1, 0.991)]  # the rest drawn
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"skipped: {sweep / '5' / 'metrics.jsonl'}: line 2 is not JSON", "skipped 1 damaged job of 6",
+                   "1 of 6 jobs have no metrics.jsonl (runs made before it was written): no curve"]
 
 
 def test_steps_to_target_draws_every_seed_and_the_median_unreached_at_the_budget(sweep, tmp_path):
