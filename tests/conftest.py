@@ -125,6 +125,40 @@ def tiny_cfg():
     return make
 
 
+def fake_job(job: Path, overrides=(), config: dict | None = None, metrics: list[dict] = (), **summary) -> Path:
+    """A finished job as train.py leaves it, with chosen numbers: summary.json (status completed, 10 steps, then
+    `summary`), .hydra/config.yaml (`config`, else empty), .hydra/overrides.yaml and, given lines, metrics.jsonl."""
+    import json
+
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(config or {}), job / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides)), job / ".hydra" / "overrides.yaml")
+    (job / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10, **summary}))
+    if metrics:
+        (job / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in metrics))
+    return job
+
+
+TARGET = {"target_metric": "eval/accuracy", "target_value": 0.99, "higher_is_better": True}  # a summary's target
+
+
+def softmax_and_linear(root):
+    """Three seeds of two rows with known numbers, numbered as Hydra numbers `mixer=softmax,linear
+    train.seed=0,1,2`; linear reaches the target in one seed of three."""
+    for seed, (step, seconds, acc) in enumerate([(100, 1.0, 0.995), (300, 3.0, 0.99), (200, 2.0, 0.999)]):
+        fake_job(root / str(seed), ["mixer=softmax", f"train.seed={seed}"], config={"train": {"steps": 500}},
+                 metrics=[{"step": 50, "eval/accuracy": 0.5 + 0.1 * seed}, {"step": 100, "eval/accuracy": acc}],
+                 **TARGET, target_step=step, target_seconds=seconds, steps=step, wall_seconds=seconds + 0.5,
+                 parameters=1000, state_size=64, recipe={"lr": 0.003}, **{"eval/accuracy": acc})
+    for seed, (step, wall, acc) in enumerate([(400, 4.0, 0.991), (None, 6.0, 0.6), (None, 7.0, 0.8)]):
+        fake_job(root / str(3 + seed), ["mixer=linear", f"train.seed={seed}"], config={"train": {"steps": 500}},
+                 metrics=[{"step": 50, "eval/accuracy": 0.2 * (seed + 1)}, {"step": 100, "eval/accuracy": acc},
+                          {"step": 150, "eval/accuracy": acc}],
+                 **TARGET, target_step=step, target_seconds=step and wall, steps=step or 500, wall_seconds=wall,
+                 parameters=900, state_size=32, recipe={"lr": 0.01}, **{"eval/accuracy": acc},
+                 status="completed" if step else "budget")
+
+
 def run_entry(script: str, *args: str, timeout: float = 300, optimised: bool = False,
               **kwargs) -> subprocess.CompletedProcess:
     """Run train.py or eval.py as a user would, from the repository root (`optimised`: with LLVM's passes, for a

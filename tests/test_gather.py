@@ -5,24 +5,14 @@ wandb, ~20 s on 2 cores) checks them end to end.
 """
 
 import csv
-import json
 import os
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import TINY, entry_devices, run_entry, wandb_run
+from conftest import TINY, entry_devices, fake_job, run_entry, wandb_run
 from tmem.sweeps import gather
 from tmem.train.tracking import group_and_config, sweep_job
-
-
-def fake_job(sweep, name, overrides, **summary):
-    job = sweep / name
-    (job / ".hydra").mkdir(parents=True)
-    (job / ".hydra" / "config.yaml").write_text("{}\n")
-    OmegaConf.save(OmegaConf.create(list(overrides)), job / ".hydra" / "overrides.yaml")
-    (job / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10, **summary}))
-    return job
 
 
 def mqar(accuracy):
@@ -33,12 +23,12 @@ def test_gather_writes_every_job_and_marks_the_best_of_each_group(tmp_path, caps
     recall, regression = tmp_path / "recall", tmp_path / "regression"
     for i, (mixer, lr, acc) in enumerate([("softmax", "1e-3", 0.9), ("softmax", "3e-3", 0.99),
                                           ("linear", "1e-3", 0.7), ("linear", "3e-3", 0.6)]):
-        fake_job(recall, str(i), [f"mixer={mixer}", f"optim.lr={lr}"], **mqar(acc))
-    fake_job(recall, "4", ["mixer=linear", "optim.lr=1e-2"], status="diverged", target_metric="eval/accuracy")
+        fake_job(recall / str(i), [f"mixer={mixer}", f"optim.lr={lr}"], **mqar(acc))
+    fake_job(recall / "4", ["mixer=linear", "optim.lr=1e-2"], status="diverged", target_metric="eval/accuracy")
     # a loss target: lower is better, from the summary's own word, and by name for a summary without it
-    fake_job(regression, "0", ["optim.lr=1e-3"], **{"eval/loss": 0.5, "target_metric": "eval/loss",
+    fake_job(regression / "0", ["optim.lr=1e-3"], **{"eval/loss": 0.5, "target_metric": "eval/loss",
                                                     "higher_is_better": False})
-    fake_job(regression, "1", ["optim.lr=3e-3"], **{"eval/loss": 0.2, "target_metric": "eval/loss"})
+    fake_job(regression / "1", ["optim.lr=3e-3"], **{"eval/loss": 0.2, "target_metric": "eval/loss"})
     (recall / "5" / ".hydra").mkdir(parents=True)  # unfinished: no summary.json, no row
 
     out = tmp_path / "out" / "jobs.csv"

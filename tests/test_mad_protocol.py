@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import compose_config, fake_job
 from tasks import TASKS as TASK_SCHEMAS
 from tmem.config import validate
 from tmem.sweeps import mad, mad_score
@@ -88,13 +88,6 @@ def test_launches_cover_exactly_the_missing_points():
     assert mad.launches([]) == []
 
 
-def fake_job(job: Path, overrides: list[str], **summary):
-    (job / ".hydra").mkdir(parents=True)
-    (job / ".hydra" / "config.yaml").write_text("{}\n")
-    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra" / "overrides.yaml")
-    (job / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10, **summary}))
-
-
 def test_score_is_the_best_of_the_grid_then_means(tmp_path):
     jobs = {("in-context-recall", "baseline"): [0.2, 0.9, 0.5], ("in-context-recall", "vocab-32"): [0.4, None],
             ("memorization", "baseline"): [1.0, float("nan")]}
@@ -143,6 +136,41 @@ def test_rerun_launches_only_what_is_missing(tmp_path):
     assert "| compression | 1 of 1 | 0.200 |" in (tmp_path / "mad_scores.md").read_text()
     assert json.loads((tmp_path / "protocol.json").read_text())["seconds"] >= 0  # summed over the three commands
     assert mad.main(["--mixer", "deltanet", "--reduced", "--out", str(tmp_path)], run=run) == 2  # another mixer's
+
+
+def test_every_argument_is_checked_before_any_job_is_launched(tmp_path, capsys):
+    def run(command, **kwargs):
+        raise AssertionError(f"launched {command}")
+
+    base = ["--reduced", "--tasks", "compression", "--out", str(tmp_path / "out")]
+    assert mad.main(["--mixer", "softmx", *base], run=run) == 2
+    assert mad.main(["--mixer", "softmax", *base, "mixer.heads=7"], run=run) == 2  # 7 does not divide 128
+    assert mad.main(["--mixer", "softmax", *base, "mlp=swiglu2"], run=run) == 2
+    (tmp_path / "a_file").write_text("")
+    assert mad.main(["--mixer", "softmax", "--reduced", "--out", str(tmp_path / "a_file")], run=run) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and err[0].startswith("error: --mixer softmx: no such mixer; known: deltanet, ")
+    assert "softmax" in err[0] and err[1] == "error: mixer.heads=7 must divide model.width=128"
+    assert err[2].startswith("error: mlp=swiglu2: no such option; allowed: ")
+    assert err[3] == f"error: --out {tmp_path / 'a_file'} is a file; name a folder for the protocol's jobs and tables"
+    assert not (tmp_path / "out").exists()
+
+
+def test_gathering_skips_damaged_jobs_and_keeps_tables_it_did_not_make(tmp_path, capsys):
+    for i, score in enumerate([0.3, 0.6]):
+        fake_job(tmp_path / "compression" / "baseline" / "launch-0" / str(i),
+                 [f"optim.lr={i + 1}e-4", "optim.weight_decay=0"], **{"eval/macro_accuracy": score})
+    (tmp_path / "compression" / "baseline" / "launch-0" / "1" / "summary.json").write_text('{"eval/macro')
+    (tmp_path / "mad_scores.md").write_text("a table of the user's\n")
+    assert mad.main(["--gather-only", str(tmp_path)]) == 2
+    assert (tmp_path / "mad_scores.md").read_text() == "a table of the user's\n"
+    assert mad.main(["--gather-only", str(tmp_path), "--force"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: {tmp_path} already holds mad_scores.md; add --force to overwrite"
+    assert err[1].startswith("skipped: ") and err[1].endswith("not JSON (Unterminated string starting at: line 1 "
+                                                             "column 2 (char 1))")
+    assert err[2] == "skipped 1 damaged job of 2"
+    assert "| compression | 1 | 0.300 |" in (tmp_path / "mad_scores.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,60 +1,53 @@
-"""Any finished multirun as one CSV: each job's summary.json beside its overrides, and the best job per group.
+"""Any finished multirun as one CSV: each job's summary.json beside its overrides, and the best job per group; or,
+with --seeds, one row per configuration with its seeds folded into n, median, min and max.
 
     python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] [--by mixer,model.width] [--out jobs.csv]
+    python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] --seeds [--out seeds.csv]
 
 A job is a folder holding summary.json beside .hydra/ (Hydra writes the
 job's overrides in .hydra/overrides.yaml). The CSV has one row per job: its
 directory, every override key swept or set on its command line, and every
-field of its summary. Jobs are grouped by their sweep directory and the
-values of the `--by` override keys (none: one group per sweep), and the best
-job of each group is marked and printed, judged by each job's own target
-metric (`--metric` to choose another) in the direction its task scores it.
+field of its summary (nested sections as dotted columns: `recipe.lr`). Jobs
+are grouped by their sweep directory and the values of the `--by` override
+keys (none: one group per sweep), and the best job of each group is marked
+and printed, judged by each job's own target metric (`--metric` to choose
+another) in the direction its task scores it.
 
-The figure gatherers (recall_curves, slow_memory) find jobs and write their
-tables with the functions here.
+With --seeds a configuration is a job's overrides less `train.seed`, across
+every root given (seeds run in separate sweeps fold together), and each
+numeric field becomes F:median, F:min, F:max and, from six seeds, the
+median's 95% interval F:ci_lo, F:ci_hi (tmem/sweeps/seeds.py). A run that
+did not reach its target counts in n but not in n_reached, its steps to the
+target as at least its budget: `>=N` marks a statistic that is such a bound.
+
+A damaged job (summary.json cut short, an unreadable overrides file) is
+named in one line on stderr and skipped; an existing output is kept unless
+--force. The figure commands (tmem.sweeps.figures, recall_curves,
+slow_memory) read jobs with the functions here.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from omegaconf import OmegaConf
+from tmem.sweeps.command import check_file, command_parser, fail, missing, nothing_under, to_csv
+from tmem.sweeps.runs import budget, find_runs, read_each, read_job
+from tmem.sweeps.seeds import AtLeast, Job, fold, interval_rank, label, varying
 
 FIRST = ["sweep", "job", "best"]  # the CSV's leading columns; overrides, then the summary's fields follow
+SEED = "train.seed"
 
 
-def find_runs(roots: list[str | Path]) -> list[Path]:
-    """Every finished run under the roots: a folder with summary.json beside .hydra/config.yaml."""
-    runs = set()
-    for root in map(Path, roots):
-        for summary in root.rglob("summary.json"):
-            if (summary.parent / ".hydra" / "config.yaml").exists():
-                runs.add(summary.parent)
-    return sorted(runs)
+def read(run_dir: Path) -> Job:
+    given, fields = read_job(run_dir)
+    return Job(str(run_dir), given, fields, budget(run_dir, fields))
 
 
-def overrides(run_dir: Path) -> dict[str, str]:
-    """A job's command-line overrides as key -> value text (`model.width=64` -> {"model.width": "64"}).
-
-    Hydra records them in .hydra/overrides.yaml, the swept values of a
-    multirun's job among them; a run without the file has none.
-    """
-    path = run_dir / ".hydra" / "overrides.yaml"
-    lines = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else []
-    pairs = (str(line).lstrip("+~").split("=", 1) for line in lines or [])
-    return {key: value for key, value, *_ in (pair + [""] for pair in pairs)}
-
-
-def read_job(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """A job's overrides and its summary's fields (the scalar ones: every field tmem writes)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return overrides(run_dir), {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
+def jobs(roots: list[str | Path]) -> list[Job]:
+    """Every finished job under the roots that reads; damaged ones are named on stderr and skipped."""
+    return read_each(find_runs(roots), read)
 
 
 def higher_is_better(row: dict, metric: str) -> bool:
@@ -97,12 +90,12 @@ class Gathered(NamedTuple):
 
 def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None) -> Gathered:
     """Every job's row, and the best job of each group (its sweep directory and the values of `by`)."""
-    rows, keys, fields = [], {}, {}
-    for run_dir in find_runs(roots):
-        given, summary = read_job(run_dir)
-        keys.update(dict.fromkeys(given))
-        fields.update(dict.fromkeys(summary))
-        rows.append({"sweep": str(run_dir.parent), "job": run_dir.name, **given, **summary})
+    found, rows, keys, fields = jobs(roots), [], {}, {}
+    for job in found:
+        keys.update(dict.fromkeys(job.overrides))
+        fields.update(dict.fromkeys(job.fields))
+        rows.append({"sweep": str(Path(job.run_dir).parent), "job": Path(job.run_dir).name, **job.overrides,
+                     **job.fields})
     name = (lambda r: metric) if metric else (lambda r: r.get("target_metric"))
     best = mark_best(rows, group=lambda r: (r["sweep"], *(r.get(k) for k in by)),
                      value=lambda r: r.get(name(r)) if name(r) else None,
@@ -112,46 +105,47 @@ def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None
     return Gathered(rows, list(dict.fromkeys([*FIRST, *keys, *fields])), swept, best, by)
 
 
-def to_csv(rows: list[dict], columns: list[str]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+class Folded(NamedTuple):
+    rows: list[dict]  # one per configuration (seeds.fold)
+    columns: list[str]  # the configuration's override keys, n, n_reached, seeds, status, then F:stat per field
+    keys: list[str]  # the override keys whose values differ between configurations: what names a row
 
 
-def missing(roots: list[str]) -> str | None:
-    """The one error line for roots that are not directories, else None."""
-    absent = [r for r in roots if not Path(r).is_dir()]
-    return f"error: no such directory: {', '.join(absent)}" if absent else None
+def fold_seeds(found: list[Job], over: str = SEED) -> Folded:
+    """The jobs folded over `over` into one row per configuration, across every root they came from."""
+    rows = fold(found, over)
+    keys = list(dict.fromkeys(k for j in found for k in j.overrides if k != over))
+    fields = list(dict.fromkeys(k for r in rows for k in r if ":" in k))
+    if not any(interval_rank(r["n"]) for r in rows):
+        fields = [f for f in fields if not f.endswith((":ci_lo", ":ci_hi"))]  # no configuration has six seeds
+    texts = list(dict.fromkeys(k for r in rows for k in r if ":" not in k and k not in keys))
+    return Folded(rows, [*keys, *texts, *fields], varying(rows, keys))
 
 
-def nothing_under(roots: list[str]) -> str:
-    return f"error: no finished runs (summary.json beside .hydra/config.yaml) under {', '.join(roots)}"
+def number(v) -> str:
+    if isinstance(v, AtLeast):
+        return str(v)
+    return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def gather_command(argv, name: str, doc: str, gather_fn, figure_fn, columns: list[str]):
-    """The command line of a figure gatherer: read the roots, write `<name>.csv` and `<name>.png`.
+def spread(row: dict, field: str, show: Callable[[Any], str] = number) -> str:
+    """`median [min-max]` of a folded field, blank where no job reported it."""
+    if row.get(f"{field}:median") is None:
+        return ""
+    lo, hi = row[f"{field}:min"], row[f"{field}:max"]
+    return f"{show(row[f'{field}:median'])} [{show(lo)}-{show(hi)}]" if lo != hi else show(lo)
 
-    Returns (exit code, rows, output folder); problems get one line on stderr.
-    """
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("roots", nargs="+", help="sweep directories (searched recursively for finished runs)")
-    parser.add_argument("--out", help=f"where {name}.csv and .png go (default: the first root)")
-    args = parser.parse_args(argv)
-    if missing(args.roots):
-        print(missing(args.roots), file=sys.stderr)
-        return 2, [], None
-    rows = gather_fn(args.roots)
-    if not rows:
-        print(nothing_under(args.roots), file=sys.stderr)
-        return 1, [], None
-    out = Path(args.out or args.roots[0])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.csv").write_text(to_csv(rows, columns))
-    figure_fn(rows).savefig(out / f"{name}.png", dpi=120)
-    return 0, rows, out
+
+def seed_table(folded: Folded, metric: str | None = None) -> list[str]:
+    """A readable table: a line per configuration, n, how many reached the target, and the spread of the steps
+    and seconds to it and of the target metric (or `metric`)."""
+    rows = folded.rows
+    metric = metric or next((r.get("target_metric") for r in rows if r.get("target_metric")), "eval/accuracy")
+    head = ["configuration", "n", "reached", "steps to target", "seconds to target", metric]
+    cells = [[label(r, folded.keys), str(r["n"]), f"{r['n_reached']}/{r['n']}" if "n_reached" in r else "",
+              spread(r, "target_step"), spread(r, "target_seconds"), spread(r, metric)] for r in rows]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *cells]]
 
 
 def report(found: Gathered, metric: str | None = None) -> list[str]:
@@ -167,26 +161,44 @@ def report(found: Gathered, metric: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("roots", nargs="+", help="multirun directories (searched recursively for finished jobs)")
+    parser = command_parser(__doc__)
     parser.add_argument("--by", default="", help="override keys whose values split a sweep into groups, "
                                                  "comma-separated (default: one group per sweep)")
     parser.add_argument("--metric", help="summary field to rank by (default: each job's target metric)")
-    parser.add_argument("--out", help="the CSV to write (default: <first root>/jobs.csv)")
+    parser.add_argument("--seeds", action="store_true", help=f"one row per configuration, its seeds ({SEED}) "
+                                                            "folded into n, median, min and max")
+    parser.add_argument("--out", help="the CSV to write (default: <first root>/jobs.csv, or seeds.csv with --seeds)")
     args = parser.parse_args(argv)
-    if missing(args.roots):
-        print(missing(args.roots), file=sys.stderr)
-        return 2
+    name = "seeds.csv" if args.seeds else "jobs.csv"
+    out = Path(args.out or Path(args.roots[0]) / name)
+    problem = missing(args.roots) or check_file(out, args.force, name)
+    if problem:
+        return fail(problem)
+    if args.seeds:
+        return write_seeds(args, out)
     found = gather(args.roots, tuple(k for k in args.by.split(",") if k), args.metric)
     if not found.rows:
-        print(nothing_under(args.roots), file=sys.stderr)
-        return 1
-    out = Path(args.out or Path(args.roots[0]) / "jobs.csv")
+        return fail(nothing_under(args.roots), 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_csv(found.rows, found.columns))
     print(f"{len(found.rows)} jobs in {len(found.swept)} sweeps; the best job of each of {len(found.best)} groups:")
     for line in report(found, args.metric):
+        print(f"  {line}")
+    print(f"csv: {out}")
+    return 0
+
+
+def write_seeds(args, out: Path) -> int:
+    found = jobs(args.roots)
+    if not found:
+        return fail(nothing_under(args.roots), 1)
+    folded = fold_seeds(found)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(to_csv(folded.rows, folded.columns))
+    sweeps = len({str(Path(j.run_dir).parent) for j in found})
+    print(f"{len(found)} jobs in {sweeps} sweep{'s' * (sweeps > 1)} folded over {SEED} into {len(folded.rows)} "
+          f"configurations (by their other overrides, across every root); median [min-max], >=: not reached:")
+    for line in seed_table(folded, args.metric):
         print(f"  {line}")
     print(f"csv: {out}")
     return 0

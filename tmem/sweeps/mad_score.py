@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tmem.sweeps.gather import find_runs, mark_best, read_job, to_csv
+from tmem.sweeps.command import to_csv
+from tmem.sweeps.gather import mark_best
+from tmem.sweeps.runs import find_runs, read_each, read_job
 
 METRIC = "eval/macro_accuracy"
 SETTING_COLUMNS = ["task", "setting", "score", "lr", "weight_decay", "accuracy", "status", "steps", "jobs",
@@ -24,19 +26,22 @@ SETTING_COLUMNS = ["task", "setting", "score", "lr", "weight_decay", "accuracy",
 
 
 def read_jobs(out: str | Path, metric: str = METRIC) -> list[dict]:
-    """One row per finished job under `out`: its task and setting (from where it lies), grid point and score."""
-    out, rows = Path(out), []
-    for run_dir in find_runs([out]):
-        parts = run_dir.relative_to(out).parts
-        if len(parts) != 4:  # not <task>/<setting>/<launch>/<job>: some other run
-            continue
+    """One row per finished job under `out`: its task and setting (from where it lies), grid point and score.
+
+    A damaged job is named on stderr and skipped, as a job that never finished.
+    """
+    out = Path(out)
+
+    def row(run_dir: Path) -> dict:
         given, summary = read_job(run_dir)
-        rows.append({"task": parts[0], "setting": parts[1], "score": finite(summary.get(metric)),
-                     "lr": given.get("optim.lr"), "weight_decay": given.get("optim.weight_decay"),
-                     "accuracy": summary.get("eval/accuracy"), "status": summary.get("status"),
-                     "steps": summary.get("steps"), "wall_seconds": summary.get("wall_seconds"),
-                     "run_dir": str(run_dir)})
-    return rows
+        task, setting = run_dir.relative_to(out).parts[:2]
+        return {"task": task, "setting": setting, "score": finite(summary.get(metric)),
+                "lr": given.get("optim.lr"), "weight_decay": given.get("optim.weight_decay"),
+                "accuracy": summary.get("eval/accuracy"), "status": summary.get("status"),
+                "steps": summary.get("steps"), "wall_seconds": summary.get("wall_seconds"), "run_dir": str(run_dir)}
+
+    # only <task>/<setting>/<launch>/<job>: any other run under `out` is not the protocol's
+    return read_each([r for r in find_runs([out]) if len(r.relative_to(out).parts) == 4], row)
 
 
 def finite(value) -> float | None:

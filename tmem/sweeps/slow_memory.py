@@ -4,7 +4,7 @@
     python -m tmem.sweeps.slow_memory multirun/<date>/<time> [--out DIR]
 
 Reads every finished memorize run under the directories (summary.json beside
-.hydra/config.yaml) and writes `slow_memory.csv` and `slow_memory.png`: facts
+.hydra/config.yaml) and writes `slow_memory.csv`, `.png` and `.svg`: facts
 stored (argmax correct over the facts themselves) and bits per parameter
 (facts x log2 of the value vocabulary over the MLP's parameters) against the
 MLP's parameters, one line per score function, beside the random-key
@@ -17,7 +17,6 @@ gained under 1% of the facts over its last quarter (from its checkpoints).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -26,7 +25,8 @@ from omegaconf import OmegaConf
 
 from tmem.layers import GATED
 from tmem.memory.capacity import capacity_theory
-from tmem.sweeps.gather import find_runs, gather_command
+from tmem.sweeps.command import Drawn, gather_command
+from tmem.sweeps.runs import find_runs, read_each, summary
 from tmem.train.checkpoint import Checkpoints
 
 # the score function of an MLP -> the store of the capacity table with the same read
@@ -54,12 +54,12 @@ def read_run(run_dir: Path) -> dict | None:
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     if cfg.task.name != "memorize" or cfg.mlp.name == "none":
         return None
-    summary = json.loads((run_dir / "summary.json").read_text())
+    fields = summary(run_dir)
     d, score = int(cfg.model.width), str(cfg.mlp.name)
     hidden = int(round(cfg.mlp.expansion * d))
     params = mlp_params(d, hidden, score, bool(cfg.mlp.bias))
     F, n_values = int(cfg.task.num_facts), int(cfg.task.num_values)
-    accuracy = float(summary["eval/accuracy"])
+    accuracy = float(fields["eval/accuracy"])
     stored = int(round(accuracy * F))
     history = {s: a for s, a in _accuracy_history(run_dir).items() if a is not None}
     steps = sorted(history)
@@ -74,14 +74,14 @@ def read_run(run_dir: Path) -> dict | None:
         "num_values": n_values, "chance_facts": F / n_values, "facts_stored": stored, "accuracy": accuracy,
         "bits_per_param": stored * math.log2(n_values) / params,
         "random_key_capacity": round(cap, 1), "random_key_facts": int(min(hidden, cap)),
-        "status": summary.get("status"), "steps": summary.get("steps"), "gain_last_quarter": gain,
+        "status": fields.get("status"), "steps": fields.get("steps"), "gain_last_quarter": gain,
         "converged": stored == F or (gain is not None and gain < 0.01 * F),
-        "wall_seconds": summary.get("wall_seconds"), "run_dir": str(run_dir),
+        "wall_seconds": fields.get("wall_seconds"), "run_dir": str(run_dir),
     }
 
 
 def gather(roots) -> list[dict]:
-    rows = [r for r in (read_run(p) for p in find_runs(roots)) if r is not None]
+    rows = [r for r in read_each(find_runs(roots), read_run) if r is not None]
     return sorted(rows, key=lambda r: (r["score"], r["mlp_params"]))
 
 
@@ -122,7 +122,11 @@ def figure(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    code, rows, out = gather_command(argv, "slow_memory", __doc__, gather, figure, COLUMNS)
+    def draw(args) -> Drawn | None:
+        rows = gather(args.roots)
+        return Drawn(rows, COLUMNS, figure(rows)) if rows else None
+
+    code, rows, out = gather_command(argv, "slow_memory", __doc__, draw)
     if code:
         return code
     for r in rows:
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['bits_per_param']:.2f} bits/param (random keys {r['random_key_facts']})"
               f"{'' if r['converged'] else ' (not converged)'}")
     print(f"csv:    {out / 'slow_memory.csv'}")
-    print(f"figure: {out / 'slow_memory.png'}")
+    print(f"figure: {out / 'slow_memory.png'}, .svg")
     return 0
 
 
