@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections import Counter
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
+
+from tmem.mixers.flops import Uncounted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,10 @@ class MixerConfig(abc.ABC):
 
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs
+    mixes: ClassVar[bool] = True  # False: the layer reads no other token and adds nothing (no norm, no add counted)
+    # its layer sows `attention`, each head's causal softmax weights over the tokens [B, H, T, T], the patterns the
+    # induction probe scores
+    attention_patterns: ClassVar[bool] = False
 
     def check(self, width: int) -> None:
         """Raise ValueError, in one line naming the field, for a knob that does not fit a model of this width."""
@@ -71,6 +78,14 @@ class MixerConfig(abc.ABC):
         """How much the state grows per token; None for a fixed-size state."""
         return None
 
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """This layer's FLOPs in a training step of B examples of T tokens, forward and backward, by part
+        (tmem.mixers.flops): in a model of this config (tmem.schema.ModelConfig: its width and positions), reading
+        at Q positions per example (None: all), its input needing a gradient or not, each loop's body counted once
+        (`once`, as XLA's cost analysis does) or every time. A form or row without a count raises Uncounted."""
+        raise Uncounted(f"mixer {self.name!r} has no FLOP count: give {type(self).__name__} a `flops` method "
+                        "(tmem.mixers.base.MixerConfig.flops)")
+
 
 @struct.dataclass
 class MixerState:
@@ -82,12 +97,26 @@ class MixerState:
 
     length: int = struct.field(pytree_node=False, default=0, kw_only=True)
 
+    def matrix(self, layer: Mixer) -> jax.Array:
+        """The memory as one matrix per example and head [B, H, d_k, d_v], key-major (read as q S), for the state
+        probes (tmem.probes.memory_state), given the layer that wrote it; NoMatrix, naming what the state is
+        instead, where it is none."""
+        raise NoMatrix("no sequence memory" if type(self) is MixerState else type(self).__name__)
+
+
+class NoMatrix(ValueError):
+    """A state that is no matrix (a cache, an MLP's weights, nothing): its message says what it is instead."""
+
 
 class Mixer(nnx.Module):
     """A row as a layer. Built as `Row.layer(config, width, rope=..., rngs=...)`; called as below.
 
     Abstract (nnx modules are ABCs): a layer without `__call__` cannot be built.
     """
+
+    # the intermediates it sows under nnx.capture (a no-op otherwise), which probes read: `state` (the final
+    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `attention` (each head's weights)
+    sows: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def __call__(self, x_btd: jax.Array, *, state: MixerState | None = None, head_mask: jax.Array | None = None,
