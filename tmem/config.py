@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
-from tmem.mixers import CONFIGS, MixerConfig
+from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
 from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
 
 
@@ -97,6 +97,14 @@ def _registered(section: str, node: Any, registry: dict):
     return name
 
 
+def _mixer_type(node: Any) -> type[MixerConfig]:
+    """The config type the mixer group names: a built-in row, or one from outside tmem imported (mixer._row_)."""
+    try:
+        return config_type(node if isinstance(node, DictConfig) else {})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg: DictConfig) -> Config:
     """Check a composed config and return it typed; raises ConfigError."""
     for section in ("task", "mixer", *_FIXED):
@@ -104,7 +112,7 @@ def validate(cfg: DictConfig) -> Config:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
-    mixer = parse_group("mixer", CONFIGS[_registered("mixer", cfg.mixer, CONFIGS)], cfg.mixer)
+    mixer = parse_group("mixer", _mixer_type(cfg.mixer), cfg.mixer, drop=(ROW_KEY,))
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     try:
         mixer = mixer.fit(task, fixed["model"].width)

@@ -21,7 +21,8 @@ from tmem.layers import linear, rope
 from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers import flops as count
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads
+from tmem.mixers.base import (GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads,
+                              resumable)
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
@@ -51,7 +52,7 @@ class SoftmaxConfig(MixerConfig):
     # cuDNN's flash attention on a GPU), auto (fused on an accelerator, plain on a CPU, where the fused one is no
     # faster). The read is the same either way; fused applies only where nothing needs the weights (no probe
     # capturing them, no sinks) and to whole sequences (no cache, every position read)
-    implementation: str = "auto"
+    implementation: str = resumable("auto")
 
     applies_rope: ClassVar[bool] = True
     takes_qk_positions: ClassVar[bool] = True

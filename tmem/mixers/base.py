@@ -25,6 +25,12 @@ from flax import nnx, struct
 from tmem.mixers.flops import Uncounted
 
 
+def resumable(default):
+    """A config field a resume may change (tmem.train.rundir.check_resume): how the run is computed (the same
+    function), not what it computes."""
+    return dataclasses.field(default=default, metadata={"resumable": True})
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """The optimizer settings a row trains best at beyond its rate (`MixerConfig.lr`), used where the optim group
@@ -47,8 +53,9 @@ class MixerConfig(abc.ABC):
     # the examples each device of this row's train step differentiates at once fastest on the default job, on
     # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
     # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a
-    # slice's activations stays in cache (benchmarks/microbatch.py, BENCHMARKS.md)
-    microbatch: int | None = 32
+    # slice's activations stays in cache (benchmarks/microbatch.py, BENCHMARKS.md). Resumable: runs saved before
+    # train.microbatch=auto hold a number where a new command has auto
+    microbatch: int | None = resumable(32)
 
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs

@@ -38,7 +38,7 @@ from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads, resumable
 
 RULES = ("add", "delta")
 DECAYS = ("none", "fixed", "scalar", "vector")
@@ -65,7 +65,7 @@ class FastWeightConfig(MixerConfig):
     name: str = "linear"
     # each of the six rows' steps on the default job is fastest in slices of 8 examples per device on the
     # 2-core CPU's two devices (MixerConfig.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
-    microbatch: int | None = 8
+    microbatch: int | None = resumable(8)
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
     write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)
@@ -107,7 +107,8 @@ class FastWeightConfig(MixerConfig):
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     # the form held-out evaluations read in, the same function (null: form). auto: the token scan for a delta rule
     # with keys of at most DELTA_SCAN_KEY_WIDTH, where it evaluates and compiles faster without a backward, else form
-    eval_form: str | None = "auto"
+    # (resumable: runs saved before eval_form=auto hold null)
+    eval_form: str | None = resumable("auto")
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
     chunk: int = 64
     sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
