@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tasks import TASKS
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
 from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
+from tmem.structured import structured
 
 
 class ConfigError(ValueError):
@@ -63,7 +64,7 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
-        parsed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(schema)), values))
+        return structured(schema, values)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]
@@ -73,21 +74,6 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     except (ValueError, TypeError) as e:
         message = str(e) if str(e).startswith(section) else f"{section}: {e}"
         raise ConfigError(message) from None
-    # OmegaConf gives a tuple field a list; a config must hash (jit takes a model's structure, which holds its
-    # mixer's config, as static)
-    lists = {f.name: tuple(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
-             if str(f.type).startswith("tuple") and isinstance(getattr(parsed, f.name), list)}
-    return dataclasses.replace(parsed, **lists) if lists else parsed
-
-
-def _writable(node: DictConfig) -> DictConfig:
-    """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
-    carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
-    OmegaConf.set_readonly(node, False)
-    for child in node.values():
-        if isinstance(child, DictConfig):
-            _writable(child)
-    return node
 
 
 def _registered(section: str, node: Any, registry: dict):

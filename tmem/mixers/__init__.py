@@ -14,9 +14,13 @@ every config a YAML may name; the layer is found from the resolved config's
 type (`layer_of`).
 """
 
+import functools
 import importlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import NamedTuple
+
+from omegaconf import OmegaConf
 
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.base import Mixer, MixerConfig, MixerState
@@ -28,6 +32,7 @@ from tmem.mixers.none import NoMixer, NoneConfig
 from tmem.mixers.regression import RegressionConfig
 from tmem.mixers.titans import Titans, TitansConfig
 from tmem.mixers.ttt import TTT, TTTConfig
+from tmem.structured import structured
 
 
 class Row(NamedTuple):
@@ -60,6 +65,21 @@ MIXERS: dict[str, Row] = {
 CONFIGS: dict[str, type[MixerConfig]] = {**{name: row.config for name, row in MIXERS.items()},
                                          "regression": RegressionConfig}
 _LAYERS = {row.config: row.layer for row in MIXERS.values()}
+YAMLS = Path(__file__).resolve().parents[2] / "configs" / "mixer"  # configs/mixer/<row>.yaml
+
+
+@functools.cache
+def row_configs() -> tuple[MixerConfig, ...]:
+    """Every row's config as its YAML file sets it: its values over its config type's defaults, which are the
+    base the file extends (tmem.config.register_bases)."""
+    def read(name: str) -> MixerConfig:
+        node = OmegaConf.to_container(OmegaConf.load(YAMLS / f"{name}.yaml"), resolve=True)
+        return structured(MIXERS[name].config, {k: v for k, v in node.items() if k != "defaults"})
+
+    return tuple(read(name) for name in MIXERS)
+
+
+RegressionConfig.rows = staticmethod(row_configs)  # the grid's named cells are the rows' YAMLs
 
 
 ROW_KEY = "_row_"  # a mixer YAML's key naming a row from outside the package by import path; no config field
@@ -104,4 +124,4 @@ def layer_of(config: MixerConfig) -> type[Mixer]:
 
 
 __all__ = ["CONFIGS", "MIXERS", "ROW_KEY", "Mixer", "MixerConfig", "MixerState", "Row", "config_type", "import_row",
-           "layer_of"]
+           "layer_of", "row_configs"]

@@ -25,6 +25,11 @@ from flax import nnx, struct
 from tmem.mixers.flops import Uncounted
 
 
+Cell = tuple[str, str, str, str]  # a grid cell: (weights, function, optimizer, initial), tmem/mixers/regression.py
+# the grid's weights gamma as the forget knob of a memory that forgets as a whole (mesa's, Titans')
+FORGET_OF_WEIGHTS = {"uniform": "none", "decay": "fixed", "gate": "gate"}
+
+
 def resumable(default):
     """A config field a resume may change (tmem.train.rundir.check_resume): how the run is computed (the same
     function), not what it computes."""
@@ -83,6 +88,16 @@ class MixerConfig(abc.ABC):
 
     def state_size_per_token(self, width: int) -> int | None:
         """How much the state grows per token; None for a fixed-size state."""
+        return None
+
+    def cell(self) -> Cell | None:
+        """The cell of the test-time-regression grid (tmem/mixers/regression.py) this config computes, None for
+        none: a row's YAML whose config has a cell is that cell's named row."""
+        return None
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MixerConfig | None:
+        """This config with its knobs set to compute `cell` at the grid's `heads` (and its `mini_batch`, for the
+        minibatch and momentum optimisers), or None where this row's layer cannot."""
         return None
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:

@@ -38,9 +38,13 @@ from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads, resumable
+from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions, mask_heads,
+                              resumable)
 
 RULES = ("add", "delta")
+# the regression grid's weights gamma as the decay of a write one token at a time (a linear memory from zero, one
+# step or the delta rule); GLA's per-channel decay is no weight on pairs, so no cell
+WEIGHTS_OF_DECAY = {"none": "uniform", "fixed": "decay", "scalar": "gate"}
 DECAYS = ("none", "fixed", "scalar", "vector")
 WRITE_STRENGTHS = ("one", "sigmoid", "dt")
 FORMS = ("chunked", "recurrent")
@@ -189,6 +193,18 @@ class FastWeightConfig(MixerConfig):
         memory = self.heads * d_phi * (d_value + self.normalize)
         window = max(self.short_conv - 1, 0) * (2 * self.groups * d_key + self.heads * d_value)
         return memory + window
+
+    def cell(self) -> Cell | None:
+        if self.decay not in WEIGHTS_OF_DECAY:
+            return None
+        return WEIGHTS_OF_DECAY[self.decay], "linear", "sgd" if self.rule == "delta" else "one_step", "zero"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> FastWeightConfig | None:
+        """The same write with the cell's weights as its decay: from the row of the cell's optimizer."""
+        if self.cell() is None or cell[1:] != self.cell()[1:]:
+            return None
+        decay = next(decay for decay, weights in WEIGHTS_OF_DECAY.items() if weights == cell[0])
+        return dataclasses.replace(self, decay=decay, heads=heads)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """One fused projection, the short convolution, feature map, norms, gates,

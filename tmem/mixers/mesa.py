@@ -26,7 +26,8 @@ from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions,
+                              check_knobs, mask_heads)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("gate", "fixed", "none")
@@ -62,6 +63,16 @@ class MesaConfig(MixerConfig):
         """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
         d = width // self.heads
         return self.heads * 2 * d * d + max(self.short_conv - 1, 0) * 2 * width
+
+    def cell(self) -> Cell:
+        weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
+        return weights, "linear", "exact", "zero"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MesaConfig | None:
+        """Every exact cell: the solve, with the cell's weights as its forgetting."""
+        if cell[1:] != ("linear", "exact", "zero"):
+            return None
+        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums

@@ -35,7 +35,8 @@ from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import gradient
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions,
+                              check_knobs, mask_heads)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("none", "fixed", "gate")
@@ -82,6 +83,21 @@ class TitansConfig(MixerConfig):
         hidden = self.expansion * d
         params = d * d + d * self.bias if self.function == "linear" else 2 * d * hidden + (hidden + d) * self.bias
         return self.heads * ((2 + self.momentum) * params + 1) + max(self.short_conv - 1, 0) * 3 * width
+
+    def cell(self) -> Cell:
+        optimizer = "momentum" if self.momentum else {1: "sgd", None: "one_step"}.get(self.mini_batch, "minibatch")
+        weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
+        return weights, self.function, optimizer, self.initial
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TitansConfig | None:
+        """Every cell of an iterative or one-step optimiser: the gradient memory with momentum, forgetting and
+        mini-batch set by the cell (sgd: a mini-batch of one token; one_step: one of the whole sequence)."""
+        weights, function, optimizer, initial = cell
+        if optimizer == "exact":
+            return None
+        return dataclasses.replace(self, function=function, initial=initial, momentum=optimizer == "momentum",
+                                   forget=FORGET_OF_WEIGHTS[weights], heads=heads,
+                                   mini_batch={"sgd": 1, "one_step": None}.get(optimizer, mini_batch))
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """Q, k, v through the short convolution

@@ -40,7 +40,7 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, rope
 from tmem.memory import gradient, ttt
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_knobs, mask_heads
 
 FORMS = ("dual", "recurrent")
 INNERS = ("linear", "mlp")
@@ -73,6 +73,13 @@ class TTTConfig(MixerConfig):
         d, hidden = width // self.heads, self.expansion * width // self.heads
         params = d * d + d if self.inner == "linear" else 2 * d * hidden + hidden + d
         return self.heads * (2 * params + (self.inner == "mlp")) + max(self.short_conv - 1, 0) * width
+
+    def cell(self) -> Cell:
+        return "uniform", self.inner, "minibatch", "learned"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TTTConfig | None:
+        """Only its own cell (the grid's other minibatch cells are the Titans layer's)."""
+        return dataclasses.replace(self, mini_batch=mini_batch, heads=heads) if cell == self.cell() else None
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """The shared q/k map and v's, each of q and k through its own biased convolution and RoPE
