@@ -45,8 +45,6 @@ from matplotlib.figure import Figure
 
 from tasks import heldout
 from tmem.config import ConfigError
-from tmem.mixers.attention import SoftmaxAttention
-from tmem.mixers.hopfield import Hopfield
 from tmem.probes.heads import forward_with_attention
 from tmem.probes.heldout import heldout_metrics
 from tmem.probes.memory_state import key_cosines_figure, memory_state, spectra_figure, written
@@ -148,8 +146,8 @@ else:
 # %% [markdown]
 # ## One sequence's read
 #
-# Softmax attention (and the Hopfield row) sow their attention weights: each query's row shows where it read,
-# o marking its key and x the value after it. A matrix memory keeps no per-token weights; what decides its
+# Softmax attention (and the Hopfield row) sow their attention weights (`attention` in the layer's `sows`): each
+# query's row shows where it read, o marking its key and x the value after it. A matrix memory keeps no per-token weights; what decides its
 # read of a stored key is that key's overlap with the others written (its crosstalk), shown as the cosines
 # between the keys written over the context. The query vectors themselves are not sown, so the read at a query
 # position is not shown for these rows. Below the figure: the model's answer at each query.
@@ -164,7 +162,7 @@ if matrices:
         display(key_cosines_figure(keys, task))
     else:
         print(f"{type(mixer).__name__} sows no keys: no read to show")
-elif isinstance(mixer, (SoftmaxAttention, Hopfield)):
+elif "attention" in mixer.sows:  # the layer declares it sows its weights (tmem.mixers.base.Mixer.sows)
     _, A = forward_with_attention(model, one.inputs)
     display(query_attention_figure(np.asarray(A)[:, 0], positions, distance))
 else:

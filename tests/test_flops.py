@@ -16,8 +16,8 @@ from tmem.memory.flops import cg_step, gradient_step, state_pass, token_step, tt
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import MIXERS
 from tmem.mixers.fast_weight import FastWeightConfig
-from tmem.mixers.flops import MIXER_FLOPS, Uncounted, feature_map_cost
-from tmem.mixers.none import NoneConfig
+from tmem.mixers.base import MixerConfig
+from tmem.mixers.flops import Uncounted, feature_map_cost
 from tmem.mixers.titans import TitansConfig
 from tmem.train.build import build
 from tmem.train.step import make_train_step
@@ -96,10 +96,10 @@ def test_the_count_of_a_loop_free_step_matches_xla(row):
 
 
 def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
-    """A new row whose config type MIXER_FLOPS lacks is refused, never counted as zero."""
-    assert {row.config for row in MIXERS.values()} - {NoneConfig} <= set(MIXER_FLOPS)
-    monkeypatch.delitem(MIXER_FLOPS, TitansConfig)
-    with pytest.raises(Uncounted, match="mixer 'titans' has no FLOP count: add one"):
+    """Every row's config counts itself; a new row whose config has no `flops` is refused, never counted as zero."""
+    assert all(row.config.flops is not MixerConfig.flops for row in MIXERS.values())
+    monkeypatch.delattr(TitansConfig, "flops")
+    with pytest.raises(Uncounted, match="mixer 'titans' has no FLOP count: give TitansConfig a `flops` method"):
         step_flops(config("mixer=titans"))
 
 

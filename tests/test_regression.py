@@ -11,8 +11,7 @@ from flax import nnx
 
 from conftest import compose_config, quick_only
 from tmem.config import ConfigError, validate
-from tmem.mixers import layer_of
-from tmem.mixers.regression import PRESETS
+from tmem.mixers import layer_of, row_configs
 
 WIDTH, T = 16, 8
 
@@ -44,8 +43,10 @@ def call(layer, x):
     return jax.jit(lambda state: nnx.merge(graphdef, state)(x)[0])(state)
 
 
-def test_every_preset_is_named_and_the_grid_spells_every_named_row():
-    assert {cfg.name for cfg in PRESETS.values()} == set(NAMED)
+def test_the_rows_that_name_a_cell_are_the_grids_named_rows_one_a_cell():
+    named = [cfg for cfg in row_configs() if cfg.cell() is not None]
+    assert sorted(cfg.name for cfg in named) == sorted(NAMED)
+    assert len({cfg.cell() for cfg in named}) == len(named)
 
 
 @pytest.mark.parametrize("row", sorted(NAMED))

@@ -254,6 +254,15 @@ def test_a_run_saved_before_eval_form_auto_resumes_with_it(tmp_path):
         rundir.check_resume(tmp_path, changed(resolved, "mixer", chunk=16))
 
 
+def test_the_mixer_fields_a_resume_may_change_are_those_its_row_marks(tmp_path):
+    """Softmax's read implementation is marked resumable (tmem.mixers.base.resumable), its window is not."""
+    resolved = resolved_of("mixer=softmax")
+    record(tmp_path, resolved)
+    rundir.check_resume(tmp_path, changed(resolved, "mixer", implementation="plain"))
+    with pytest.raises(ConfigError, match="changes mixer.window"):
+        rundir.check_resume(tmp_path, changed(resolved, "mixer", window=4))
+
+
 def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
     """A decay that ends at train.steps (optim.decay_steps null) would end later if a resume raised the budget: the
     rate would jump up mid-run. Refused, naming the setting that keeps the run's schedule, which then resumes."""

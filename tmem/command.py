@@ -37,15 +37,24 @@ def overrides_of(args: list[str]) -> list[tuple[str, list]]:
 
 
 def check_group_overrides(overrides: list[str], config_dir: Path = CONFIG_DIR) -> str | None:
-    """One line for a command-line `group=option` naming no file in configs/, else None.
+    """One line for a command-line `group=option` naming no file in configs/ or a directory the command adds to
+    Hydra's search path (`hydra.searchpath=[file://DIR]`), else None.
 
     Hydra would report this too, over several lines; checking first gives the
     one-line message every other config error gets.
     """
-    for key, values in overrides_of(overrides):
+    parsed = overrides_of(overrides)
+    searched = [config_dir]
+    for key, values in parsed:
+        if key == "hydra.searchpath":  # a researcher's own config directories, after tmem's (Hydra's order)
+            paths = [str(p) for v in values for p in (v if isinstance(v, list) else [v])]
+            if any(not p.startswith("file://") for p in paths):
+                return None  # a package's configs: Hydra finds them, and reports a missing option itself
+            searched += [Path(p.removeprefix("file://")) for p in paths]
+    for key, values in parsed:
         if key not in GROUPS:
             continue
-        options = sorted(p.stem for p in (config_dir / key).glob("*.yaml"))
+        options = sorted({p.stem for d in searched for p in (d / key).glob("*.yaml")})
         for option in values:
             if str(option) not in options:
                 return f"{key}={option}: no such option; allowed: {', '.join(options)}"

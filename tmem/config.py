@@ -18,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
-from tmem.mixers import CONFIGS, MixerConfig
+from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
 from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
+from tmem.structured import structured
 
 
 class ConfigError(ValueError):
@@ -63,7 +64,7 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
-        parsed = OmegaConf.to_object(OmegaConf.merge(_writable(OmegaConf.structured(schema)), values))
+        return structured(schema, values)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]
@@ -73,11 +74,6 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     except (ValueError, TypeError) as e:
         message = str(e) if str(e).startswith(section) else f"{section}: {e}"
         raise ConfigError(message) from None
-    # OmegaConf gives a tuple field a list; a config must hash (jit takes a model's structure, which holds its
-    # mixer's config, as static)
-    lists = {f.name: tuple(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
-             if str(f.type).startswith("tuple") and isinstance(getattr(parsed, f.name), list)}
-    return dataclasses.replace(parsed, **lists) if lists else parsed
 
 
 def plain(config) -> dict:
@@ -87,21 +83,19 @@ def plain(config) -> dict:
                                                                    for k, v in fields})
 
 
-def _writable(node: DictConfig) -> DictConfig:
-    """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
-    carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
-    OmegaConf.set_readonly(node, False)
-    for child in node.values():
-        if isinstance(child, DictConfig):
-            _writable(child)
-    return node
-
-
 def _registered(section: str, node: Any, registry: dict):
     name = node.get("name") if isinstance(node, DictConfig) else None
     if name not in registry:
         raise ConfigError(f"{section}.name={name!r} is not one of: {', '.join(registry)}")
     return name
+
+
+def _mixer_type(node: Any) -> type[MixerConfig]:
+    """The config type the mixer group names: a built-in row, or one from outside tmem imported (mixer._row_)."""
+    try:
+        return config_type(node if isinstance(node, DictConfig) else {})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def validate(cfg: DictConfig) -> Config:
@@ -111,7 +105,7 @@ def validate(cfg: DictConfig) -> Config:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
-    mixer = parse_group("mixer", CONFIGS[_registered("mixer", cfg.mixer, CONFIGS)], cfg.mixer)
+    mixer = parse_group("mixer", _mixer_type(cfg.mixer), cfg.mixer, drop=(ROW_KEY,))
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     try:
         mixer = mixer.fit(task, fixed["model"].width)

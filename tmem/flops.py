@@ -60,8 +60,7 @@ from flax import nnx
 
 from tasks.memorize import Memorize
 from tmem.memory.flops import elementwise, matmul
-from tmem.mixers.flops import MIXER_FLOPS, SCORE_FUNCTIONS, Uncounted, norm
-from tmem.mixers.none import NoneConfig
+from tmem.mixers.flops import SCORE_FUNCTIONS, norm
 from tmem.model import build_model
 
 # the token loss per logit: cross-entropy forward and backward (4) and the accuracy's argmax (9)
@@ -152,16 +151,14 @@ def block(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fal
     D, R = cfg.model.width, B * (Q or T)  # R: rows out of the block
     post = cfg.model.norm_position == "post"
     parts = Counter()
-    if not isinstance(cfg.mixer, NoneConfig):  # no mixer adds zeros, and XLA drops its norm and the add
-        if type(cfg.mixer) not in MIXER_FLOPS:
-            # a row without a count is refused, never counted as zero (tests/test_flops.py lists them)
-            raise Uncounted(f"mixer {cfg.mixer.name!r} has no FLOP count: add one to tmem.mixers.flops.MIXER_FLOPS")
+    if cfg.mixer.mixes:  # no mixer adds zeros, and XLA drops its norm and the add
         # pre-norm: the norm of every token before the mixer; post-norm: of the rows out, after the add, whose
         # input (the mixer's output) always needs a gradient
         parts["norms"] += norm(cfg.model.norm, R * D) if post else norm(cfg.model.norm, B * T * D, input_grad)
         # the mixer's input needs a gradient when x does, or when a norm before it has a scale and bias
         mixer_grad = input_grad or (cfg.model.norm != "none" and not post)
-        parts.update(MIXER_FLOPS[type(cfg.mixer)](cfg, B, T, Q, mixer_grad, once))
+        # the row's own count; a row without one raises tmem.mixers.flops.Uncounted, never counts zero
+        parts.update(cfg.mixer.flops(cfg.model, B, T, Q, mixer_grad, once))
         # the residual add; backward, the two gradients of x added (and, reading at Q positions, scattered back)
         parts["residual"] += R * D + (B * T * D + (R * D if Q else 0) if input_grad else 0)
     if cfg.mlp.name != "none":

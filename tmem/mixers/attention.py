@@ -9,6 +9,7 @@ attention sinks, a gated output, and q/k normalisation.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import math
 from typing import ClassVar
 
@@ -19,7 +20,9 @@ from flax import nnx, struct
 from tmem.layers import linear, rope
 from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import (GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads,
+                              resumable)
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
@@ -49,10 +52,11 @@ class SoftmaxConfig(MixerConfig):
     # cuDNN's flash attention on a GPU), auto (fused on an accelerator, plain on a CPU, where the fused one is no
     # faster). The read is the same either way; fused applies only where nothing needs the weights (no probe
     # capturing them, no sinks) and to whole sequences (no cache, every position read)
-    implementation: str = "auto"
+    implementation: str = resumable("auto")
 
     applies_rope: ClassVar[bool] = True
     takes_qk_positions: ClassVar[bool] = True
+    attention_patterns: ClassVar[bool] = True
 
     def check(self, width: int) -> None:
         for field, allowed in (("qk_norm", QK_NORMS), ("length_scale", LENGTH_SCALES),
@@ -92,6 +96,45 @@ class SoftmaxConfig(MixerConfig):
     def state_size_per_token(self, width: int) -> int | None:
         return None if self.window is not None else 2 * self.kv_width(width)
 
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """Q only at the read positions, k and v everywhere (kv_heads of them),
+        softmax(beta q k^T) v, and the options: q/k norms, window, length scale, sinks, output gate."""
+        c, D = self, model.width
+        H, d, R = c.heads, D // c.heads, B * (Q or T)
+        E = c.kv_width(D)
+        shortformer = model.positions == "shortformer"
+        qk_grads = 2 if input_grad or shortformer else 1  # the positions' table trains through q's and k's input
+        parts = Counter()
+        parts["mixer/projections"] += (count.matmul(B * T, D, E, qk_grads) + count.matmul(R, D, D, qk_grads)
+                                       + count.matmul(B * T, D, E, 2 if input_grad else 1) + count.matmul(R, D, D))
+        if c.bias:
+            parts["mixer/projections"] += 2 * (2 * B * T * E + R * D)
+        if shortformer:  # x + positions into q and k; backward, the table's gradient summed over the batch
+            parts["embed/unembed"] += 2 * B * T * D
+        if c.qk_norm == "rms":
+            parts["norms"] += count.norm("rmsnorm", B * T * E + R * D)
+        elif c.qk_norm == "l2":
+            parts["norms"] += count.elementwise(B * T * E + R * D, count.L2_UNIT)
+        if model.positions == "rope":
+            parts["mixer/memory"] += 6 * (B * T * E + R * D)  # x1 cos - x2 sin, x2 cos + x1 sin, and back
+        scores = R * H * T
+        columns = T + c.sinks  # a sink is one more column in each softmax
+        parts["mixer/memory"] += (count.matmul(R * H, d, T) + count.matmul(R * H, T, d)
+                                  # beta *, the causal where
+                                  + count.elementwise(R * H * columns, count.SOFTMAX) + 4 * scores
+                                  + (R * T * (3 if c.window else 1) if Q else 0))  # the mask at read positions
+        if c.sinks:
+            parts["mixer/memory"] += R * H  # the sinks' gradient summed over the rows
+        if c.length_scale == "logn":  # the logits times a factor per query, and the gradient through it
+            parts["mixer/memory"] += 2 * scores
+        elif c.length_scale == "ssmax":  # and the gradient of s: the product and the sum over the keys
+            parts["mixer/memory"] += 4 * scores
+        if c.output_gate:  # W_g x at the read positions, its activation, the product and its two gradients
+            activation = count.SILU if c.gate_activation == "silu" else count.SIGMOID
+            parts["mixer/projections"] += count.matmul(R, D, D, 2 if input_grad else 1)
+            parts["mixer/gates"] += count.elementwise(R * D, activation) + 3 * R * D
+        return parts
+
 
 @struct.dataclass
 class KVCache(MixerState):
@@ -99,6 +142,9 @@ class KVCache(MixerState):
 
     keys: jax.Array
     values: jax.Array
+
+    def matrix(self, layer: SoftmaxAttention) -> jax.Array:
+        raise NoMatrix("a KV cache, one key and value per token")
 
 
 def _unit(x):
@@ -120,6 +166,8 @@ class SoftmaxAttention(Mixer):
     The state is the key-value cache, so a call can continue from an earlier
     one. Per-head attention weights are sown as the `attention` intermediate.
     """
+
+    sows = frozenset({"attention"})
 
     def __init__(self, cfg: SoftmaxConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         self.cfg, self.rope = cfg, rope

@@ -15,11 +15,25 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections import Counter
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
+
+from tmem.mixers.flops import Uncounted
+
+
+Cell = tuple[str, str, str, str]  # a grid cell: (weights, function, optimizer, initial), tmem/mixers/regression.py
+# the grid's weights gamma as the forget knob of a memory that forgets as a whole (mesa's, Titans')
+FORGET_OF_WEIGHTS = {"uniform": "none", "decay": "fixed", "gate": "gate"}
+
+
+def resumable(default):
+    """A config field a resume may change (tmem.train.rundir.check_resume): how the run is computed (the same
+    function), not what it computes."""
+    return dataclasses.field(default=default, metadata={"resumable": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +58,16 @@ class MixerConfig(abc.ABC):
     # the examples each device of this row's train step differentiates at once fastest on the default job, on
     # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
     # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a
-    # slice's activations stays in cache (benchmarks/microbatch.py, BENCHMARKS.md)
-    microbatch: int | None = 32
+    # slice's activations stays in cache (benchmarks/microbatch.py, BENCHMARKS.md). Resumable: runs saved before
+    # train.microbatch=auto hold a number where a new command has auto
+    microbatch: int | None = resumable(32)
 
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs
+    mixes: ClassVar[bool] = True  # False: the layer reads no other token and adds nothing (no norm, no add counted)
+    # its layer sows `attention`, each head's causal softmax weights over the tokens [B, H, T, T], the patterns the
+    # induction probe scores
+    attention_patterns: ClassVar[bool] = False
 
     def check(self, width: int) -> None:
         """Raise ValueError, in one line naming the field, for a knob that does not fit a model of this width."""
@@ -71,6 +90,24 @@ class MixerConfig(abc.ABC):
         """How much the state grows per token; None for a fixed-size state."""
         return None
 
+    def cell(self) -> Cell | None:
+        """The cell of the test-time-regression grid (tmem/mixers/regression.py) this config computes, None for
+        none: a row's YAML whose config has a cell is that cell's named row."""
+        return None
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MixerConfig | None:
+        """This config with its knobs set to compute `cell` at the grid's `heads` (and its `mini_batch`, for the
+        minibatch and momentum optimisers), or None where this row's layer cannot."""
+        return None
+
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """This layer's FLOPs in a training step of B examples of T tokens, forward and backward, by part
+        (tmem.mixers.flops): in a model of this config (tmem.schema.ModelConfig: its width and positions), reading
+        at Q positions per example (None: all), its input needing a gradient or not, each loop's body counted once
+        (`once`, as XLA's cost analysis does) or every time. A form or row without a count raises Uncounted."""
+        raise Uncounted(f"mixer {self.name!r} has no FLOP count: give {type(self).__name__} a `flops` method "
+                        "(tmem.mixers.base.MixerConfig.flops)")
+
 
 @struct.dataclass
 class MixerState:
@@ -82,12 +119,26 @@ class MixerState:
 
     length: int = struct.field(pytree_node=False, default=0, kw_only=True)
 
+    def matrix(self, layer: Mixer) -> jax.Array:
+        """The memory as one matrix per example and head [B, H, d_k, d_v], key-major (read as q S), for the state
+        probes (tmem.probes.memory_state), given the layer that wrote it; NoMatrix, naming what the state is
+        instead, where it is none."""
+        raise NoMatrix("no sequence memory" if type(self) is MixerState else type(self).__name__)
+
+
+class NoMatrix(ValueError):
+    """A state that is no matrix (a cache, an MLP's weights, nothing): its message says what it is instead."""
+
 
 class Mixer(nnx.Module):
     """A row as a layer. Built as `Row.layer(config, width, rope=..., rngs=...)`; called as below.
 
     Abstract (nnx modules are ABCs): a layer without `__call__` cannot be built.
     """
+
+    # the intermediates it sows under nnx.capture (a no-op otherwise), which probes read: `state` (the final
+    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `attention` (each head's weights)
+    sows: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def __call__(self, x_btd: jax.Array, *, state: MixerState | None = None, head_mask: jax.Array | None = None,

@@ -25,6 +25,7 @@ key-major (d_k x d_v per head, read S^T q), the transpose of the note's S.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import itertools
 import math
 
@@ -36,9 +37,14 @@ from tmem.layers import ShortConv, dense, l2_normalize, linear, rms_norm, short_
 from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
 from tmem.memory.linear_state import recurrent, retnet_log_decay
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions, mask_heads,
+                              resumable)
 
 RULES = ("add", "delta")
+# the regression grid's weights gamma as the decay of a write one token at a time (a linear memory from zero, one
+# step or the delta rule); GLA's per-channel decay is no weight on pairs, so no cell
+WEIGHTS_OF_DECAY = {"none": "uniform", "fixed": "decay", "scalar": "gate"}
 DECAYS = ("none", "fixed", "scalar", "vector")
 WRITE_STRENGTHS = ("one", "sigmoid", "dt")
 FORMS = ("chunked", "recurrent")
@@ -63,7 +69,7 @@ class FastWeightConfig(MixerConfig):
     name: str = "linear"
     # each of the six rows' steps on the default job is fastest in slices of 8 examples per device on the
     # 2-core CPU's two devices (MixerConfig.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
-    microbatch: int | None = 8
+    microbatch: int | None = resumable(8)
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
     write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)
@@ -105,7 +111,8 @@ class FastWeightConfig(MixerConfig):
     form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
     # the form held-out evaluations read in, the same function (null: form). auto: the token scan for a delta rule
     # with keys of at most DELTA_SCAN_KEY_WIDTH, where it evaluates and compiles faster without a backward, else form
-    eval_form: str | None = "auto"
+    # (resumable: runs saved before eval_form=auto hold null)
+    eval_form: str | None = resumable("auto")
     # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
     chunk: int = 64
     sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
@@ -187,6 +194,71 @@ class FastWeightConfig(MixerConfig):
         window = max(self.short_conv - 1, 0) * (2 * self.groups * d_key + self.heads * d_value)
         return memory + window
 
+    def cell(self) -> Cell | None:
+        if self.decay not in WEIGHTS_OF_DECAY:
+            return None
+        return WEIGHTS_OF_DECAY[self.decay], "linear", "sgd" if self.rule == "delta" else "one_step", "zero"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> FastWeightConfig | None:
+        """The same write with the cell's weights as its decay: from the row of the cell's optimizer."""
+        if self.cell() is None or cell[1:] != self.cell()[1:]:
+            return None
+        decay = next(decay for decay, weights in WEIGHTS_OF_DECAY.items() if weights == cell[0])
+        return dataclasses.replace(self, decay=decay, heads=heads)
+
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """One fused projection, the short convolution, feature map, norms, gates,
+        the memory (chunked, or recurrent: a scan over tokens), and the read's output norm and gate."""
+        c, D = self, model.width
+        H, G = c.heads, c.groups  # G: the heads' distinct q and k (Mamba-2's groups)
+        d_key, d_phi, d_v = c.widths(D)
+        N, R = B * T, B * (Q or T)
+        parts = Counter()
+        # q, k, v and every other map of x as one matmul over all tokens (the last layer's too: k and v need them)
+        columns = 2 * G * d_key + H * d_v + H * d_v * c.output_gate + H * (c.write_strength == "sigmoid")
+        columns += H * (c.decay == "scalar") + GLA_RANK * (c.decay == "vector")
+        parts["mixer/projections"] += count.matmul(N, D, columns, 2 if input_grad else 1) + count.matmul(R, H * d_v, D)
+        if c.short_conv:
+            channels = 2 * G * d_key + H * d_v
+            parts["mixer/conv"] += count.short_conv(B, T, channels, c.short_conv) + 2 * N * channels * c.conv_bias
+        gates = count.elementwise(2 * N * G * d_key, count.feature_map_cost(c.feature_map, c.dpfp_nu))
+        if c.qk_norm == "l2":
+            gates += count.elementwise(2 * N * G * d_phi, count.L2_NORMALIZE)
+        elif c.qk_norm == "rms":
+            parts["norms"] += count.norm("rmsnorm", 2 * N * G * d_phi)
+        if G != H:  # backward of sharing: each group's gradient summed over its heads
+            gates += 2 * N * (H - G) * d_phi
+        if c.q_scale != 1.0:  # XLA drops a multiplication by one
+            gates += 2 * N * H * d_phi
+        if c.decay == "scalar":  # dt = softplus(W x + dt_bias), log a = -exp(A_log) dt: adds, products, gradients
+            gates += count.elementwise(N * H, count.SOFTPLUS) + 6 * N * H
+        elif c.decay == "vector":  # log a = log_sigmoid(W2 (W1 x) + b) / 16
+            gates += (count.matmul(N, GLA_RANK, H * d_phi) + count.elementwise(N * H * d_phi, count.LOG_SIGMOID)
+                      + 4 * N * H * d_phi)
+        if c.write_strength == "sigmoid":
+            gates += count.elementwise(N * H, count.SIGMOID)
+        # the read's output: normaliser, Mamba-2's skip, the RMSNorm and the gate (either order), at the read positions
+        if c.normalize:
+            gates += 4 * R * H * (d_v + 1)
+        if c.skip:
+            gates += 5 * R * H * d_v
+        if c.output_gate:
+            activation = count.SILU if c.gate_activation == "silu" else count.SIGMOID
+            gates += count.elementwise(R * H * d_v, activation) + 3 * R * H * d_v
+        if c.output_norm:
+            parts["norms"] += count.norm("rmsnorm", R * H * d_v)
+        parts["mixer/gates"] += gates
+        decay = {"none": None, "fixed": 1, "scalar": 1, "vector": d_phi}[c.decay]
+        memory = (d_phi, d_v + c.normalize, decay, c.decay != "fixed", c.write_strength != "one", c.rule == "delta")
+        reads = None if Q is None else B * Q * H
+        if c.form == "chunked":
+            shared = H if c.decay == "fixed" else None  # RetNet's decay: made once for the batch
+            qk_heads = H if G == 1 else 1  # one group's q and k reach the memory once, broadcast over the heads
+            parts["mixer/memory"] += count.chunked(B * H, T, *memory, c.chunk, reads, once, shared, qk_heads)
+        else:
+            parts["mixer/memory"] += count.recurrent(B * H, T, *memory, reads, once)
+        return parts
+
 
 @struct.dataclass
 class FastWeightState(MixerState):
@@ -194,6 +266,10 @@ class FastWeightState(MixerState):
 
     memory: jax.Array
     conv: jax.Array | None  # the convolutions' last K-1 inputs [B, K-1, channels of q, k, v side by side]
+
+    def matrix(self, layer: FastWeight) -> jax.Array:
+        """S without linear attention's normaliser column."""
+        return self.memory[..., :layer.d_value]
 
 
 def _inverse_softplus(y):
@@ -206,6 +282,8 @@ class FastWeight(Mixer):
     The final state of each call is sown as the `state` intermediate, and the keys it wrote (after the
     convolution, feature map and normalisation) as `keys`.
     """
+
+    sows = frozenset({"state", "keys"})
 
     def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # these rows take positions from the convolution and the decay

@@ -9,6 +9,7 @@ update is softmax attention with the value map tied to the key map.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import math
 from typing import ClassVar
 
@@ -18,7 +19,8 @@ from flax import nnx, struct
 
 from tmem.layers import linear
 from tmem.memory.hopfield import hopfield_read
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +56,39 @@ class HopfieldConfig(MixerConfig):
     def state_size_per_token(self, width: int) -> int | None:
         return width
 
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """The cue only at the read positions, the patterns everywhere, and `iterations`
+        updates xi <- X^T softmax(beta X xi), each a softmax read unrolled (so no loop hides one from XLA)."""
+        c, D = self, model.width
+        H, d, R = c.heads, D // c.heads, B * (Q or T)
+        shortformer = model.positions == "shortformer"
+        grads = 2 if input_grad or shortformer else 1  # the positions' table trains through both inputs
+        parts = Counter()
+        parts["mixer/projections"] += (count.matmul(B * T, D, D, grads) + count.matmul(R, D, D, grads)
+                                       + count.matmul(R, D, D))
+        if c.bias:
+            parts["mixer/projections"] += 2 * (B * T * D + R * D)
+        if shortformer:  # x + positions into both maps; backward, the table's gradient summed over the batch
+            parts["embed/unembed"] += 2 * B * T * D
+        scores = R * H * T
+        update = (count.matmul(R * H, d, T) + count.matmul(R * H, T, d) + count.elementwise(scores, count.SOFTMAX)
+                  + 4 * scores)
+        if c.learn_temperature:  # beta's gradient: the product with the scores and the sum over them
+            update += 2 * scores
+        parts["mixer/memory"] += c.iterations * update + (R * T if Q else 0)
+        if c.iterations > 1:  # every later update's cue gradient adds to the X it read from
+            parts["mixer/memory"] += (c.iterations - 1) * R * H * d
+        return parts
+
 
 @struct.dataclass
 class PatternStore(MixerState):
     """The stored patterns [B, S, H, d] of the tokens read."""
 
     patterns: jax.Array
+
+    def matrix(self, layer: Hopfield) -> jax.Array:
+        raise NoMatrix("a cache of patterns")
 
 
 class Hopfield(Mixer):
@@ -68,6 +97,8 @@ class Hopfield(Mixer):
     The last update's weights are sown as the `attention` intermediate, and the
     number of updates as `iterations`.
     """
+
+    sows = frozenset({"attention", "iterations"})
 
     def __init__(self, cfg: HopfieldConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # not applied: see HopfieldConfig

@@ -9,6 +9,7 @@ gradient step (Chapter 11). The memory math is in tmem/memory/lsa.py.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 from flax import nnx, struct
 
 from tmem.memory.lsa import causal_read, gd_construction, prompt_read
+from tmem.mixers import flops as count
 from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
 
 LAYOUTS = ("auto", "prompt", "causal")
@@ -57,12 +59,32 @@ class LSAConfig(MixerConfig):
         d = self.head_dim or width
         return self.heads * d * d
 
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """The prompt layout writes T - 1 tokens into a store read by every query; the causal
+        layout reads the masked scores (its store is the final state, which training never reads)."""
+        c, D = self, model.width
+        H, d = c.heads, c.head_dim or D
+        R = B * (Q or T)
+        grads = 2 if input_grad else 1
+        parts = Counter()
+        parts["mixer/projections"] += (2 * count.matmul(B * T, D, H * d, grads) + count.matmul(R, D, H * d, grads)
+                                       + count.matmul(R, H * d, D))
+        if c.layout == "prompt":
+            parts["mixer/memory"] += count.matmul(B * H * d, T - 1, d) + count.matmul(R * H, d, d)
+        else:
+            parts["mixer/memory"] += (count.matmul(R * H, d, T) + count.matmul(R * H, T, d) + 2 * R * H * T
+                                      + (R * T if Q else 0))
+        return parts
+
 
 @struct.dataclass
 class Store(MixerState):
     """The Hebbian store S [B, H, d_k, d_v] of the tokens that wrote."""
 
     store: jax.Array
+
+    def matrix(self, layer: LinearSelfAttention) -> jax.Array:
+        return self.store
 
 
 class LinearSelfAttention(Mixer):
@@ -72,6 +94,8 @@ class LinearSelfAttention(Mixer):
     is sown as the `store` intermediate and returned as the final state; in the
     causal layout a call continues from an earlier call's store.
     """
+
+    sows = frozenset({"store", "keys"})
 
     def __init__(self, cfg: LSAConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         if rope:

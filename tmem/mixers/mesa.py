@@ -15,6 +15,7 @@ head's read (optionally gated) and the output map.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import math
 
 import jax
@@ -24,7 +25,9 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
 from tmem.memory.linear_state import retnet_log_decay
-from tmem.mixers.base import GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions,
+                              check_knobs, mask_heads)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("gate", "fixed", "none")
@@ -61,6 +64,53 @@ class MesaConfig(MixerConfig):
         d = width // self.heads
         return self.heads * 2 * d * d + max(self.short_conv - 1, 0) * 2 * width
 
+    def cell(self) -> Cell:
+        weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
+        return weights, "linear", "exact", "zero"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MesaConfig | None:
+        """Every exact cell: the solve, with the cell's weights as its forgetting."""
+        if cell[1:] != ("linear", "exact", "zero"):
+            return None
+        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads)
+
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
+        H_t at every token, the ridge systems (H_t + Lambda) x = q solved by conjugate gradients where the layer
+        reads, G read with the solutions as queries (the chunked form), each head's RMSNorm, the gate and the output
+        map."""
+        c, D = self, model.width
+        count.training_form(c, "parallel")
+        if c.solver != "cg":  # a LAPACK call, which XLA's cost analysis counts as nothing
+            raise count.Uncounted(f"mixer {c.name!r} has no FLOP count with solver={c.solver}")
+        H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+        gated = c.forget == "gate"
+        grads = 2 if input_grad else 1
+        parts = Counter()
+        parts["mixer/projections"] += 3 * count.matmul(N, D, D, grads) + count.matmul(R, D, D)
+        # the gates', with biases
+        parts["mixer/projections"] += (1 + gated) * (count.matmul(N, D, H, grads) + 2 * N * H)
+        if c.short_conv:
+            parts["mixer/conv"] += count.short_conv(B, T, 2 * D, c.short_conv)
+        gates = count.elementwise(2 * N * D, count.L2_NORMALIZE) + count.elementwise(N * H, count.SIGMOID)
+        if gated:
+            gates += count.elementwise(N * H, count.LOG_SIGMOID)
+        if c.output_gate:  # made at every token and read at R (reading at Q, its gradient scattered back)
+            activation = count.SILU if c.gate_activation == "silu" else count.SIGMOID
+            parts["mixer/projections"] += count.matmul(N, D, D, grads)
+            gates += count.elementwise(R * D, activation) + 3 * R * D + (R * D if Q else 0)
+        parts["mixer/gates"] += gates
+        parts["norms"] += count.norm("rmsnorm", R * D)
+        reads = B * H * (Q or T)  # the systems solved: one for each read of each head
+        memory = count.key_sums(B * H, T, d, gated, c.chunk, once)
+        # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads (and,
+        # reading at Q positions, H_t's gradient scattered back)
+        memory += reads * d * d * (3 + (Q is not None))
+        memory += count.cg(reads, d, c.cg_steps, once)
+        memory += count.chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, None if Q is None else reads, once)
+        parts["mixer/memory"] += memory
+        return parts
+
 
 @struct.dataclass
 class MesaState(MixerState):
@@ -70,12 +120,18 @@ class MesaState(MixerState):
     G: jax.Array
     conv: jax.Array | None  # [B, K-1, q and k channels side by side]
 
+    def matrix(self, layer: Mesa) -> jax.Array:
+        """G, the gated sum of k v^T (H, the keys' second moment, only whitens the query)."""
+        return self.G
+
 
 class Mesa(Mixer):
     """A mesa layer: write every token into H and G, read the ridge solution with the queries.
 
     The final sums are sown as the `state` intermediate, and the unit keys written into them as `keys`.
     """
+
+    sows = frozenset({"state", "keys"})
 
     def __init__(self, cfg: MesaConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # positions come from the convolution and the forget gate

@@ -37,12 +37,10 @@ is not a weight on pairs, so GLA is no cell.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
 
-from tmem.mixers.base import MixerConfig, check_knobs
-from tmem.mixers.fast_weight import FastWeightConfig
-from tmem.mixers.mesa import MesaConfig
-from tmem.mixers.titans import TitansConfig
-from tmem.mixers.ttt import TTTConfig
+from tmem.mixers.base import Cell, MixerConfig, check_knobs
 
 WEIGHTS = ("uniform", "decay", "gate")
 FUNCTIONS = ("linear", "mlp")
@@ -51,25 +49,6 @@ ITERATIVE = ("sgd", "minibatch", "momentum")
 WEIGHT_DECAYS = ("none", "fixed", "gated")
 INITIALS = ("auto", "zero", "learned")
 DECAY_OF = {"uniform": "none", "decay": "fixed", "gate": "gated"}  # the weights as an iterative rule's weight decay
-
-# The named rows, as their YAML files under configs/mixer/ set them (tests/test_regression.py holds each equal to
-# its file): (weights, function, optimizer, initial) -> the row's config.
-PRESETS = {
-    ("uniform", "linear", "one_step", "zero"): FastWeightConfig(name="linear", qk_norm="l2", heads=2),
-    ("decay", "linear", "one_step", "zero"): FastWeightConfig(name="retnet", decay="fixed", output_gate=True, heads=2),
-    ("gate", "linear", "one_step", "zero"): FastWeightConfig(
-        name="mamba2", decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, qk_groups=1,
-        conv_bias=True, output_norm_over="width", gate_before_norm=True, a_range=(0.1, 1.0), expand=0.5),
-    ("uniform", "linear", "sgd", "zero"): FastWeightConfig(name="deltanet", rule="delta", write_strength="sigmoid",
-                                                           qk_norm="l2", heads=1),
-    ("gate", "linear", "sgd", "zero"): FastWeightConfig(
-        name="gated_deltanet", rule="delta", decay="scalar", write_strength="sigmoid", qk_norm="l2",
-        output_gate=True, gate_activation="sigmoid", heads=1),
-    ("gate", "linear", "exact", "zero"): MesaConfig(name="mesa"),
-    ("uniform", "linear", "minibatch", "learned"): TTTConfig(name="ttt_linear"),
-    ("uniform", "mlp", "minibatch", "learned"): TTTConfig(name="ttt_mlp", inner="mlp", base_lr=0.1),
-    ("gate", "mlp", "momentum", "learned"): TitansConfig(name="titans"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +66,11 @@ class RegressionConfig(MixerConfig):
     mini_batch: int = 16  # tokens per gradient step of minibatch and momentum
     heads: int = 4  # every cell's, named or not, so that the cells of a sweep differ in their knobs alone
 
-    def cell(self) -> tuple[str, str, str, str]:
+    # the built-in rows' configs as their YAML files set them, where the named cells are read from (given by the
+    # table, tmem.mixers.row_configs, so that the grid repeats no row's settings and imports no row)
+    rows: ClassVar[Callable[[], tuple[MixerConfig, ...]]] = staticmethod(lambda: ())
+
+    def cell(self) -> Cell:
         """(weights, function, optimizer, initial), with an iterative rule's weight decay folded into the
         weights and initial resolved; ValueError, in one line, for a cell that cannot work."""
         check_knobs(self, choices={"weights": WEIGHTS, "function": FUNCTIONS, "optimizer": OPTIMIZERS,
@@ -116,24 +99,16 @@ class RegressionConfig(MixerConfig):
         return weights, self.function, optimizer, initial
 
     def resolve(self) -> MixerConfig:
-        """The config of the layer that computes this cell."""
-        weights, function, optimizer, initial = key = self.cell()
-        if key in PRESETS:
-            row = PRESETS[key]
-        elif function == "linear" and initial == "zero" and optimizer in ("one_step", "sgd"):
-            base = PRESETS[("uniform", "linear", optimizer, "zero")]
-            row = dataclasses.replace(base, decay={"uniform": "none", "decay": "fixed", "gate": "scalar"}[weights])
-        elif optimizer == "exact":
-            row = MesaConfig(forget={"uniform": "none", "decay": "fixed", "gate": "gate"}[weights])
-        else:  # every other iterative or one-step cell: the gradient memory with the knobs set
-            row = TitansConfig(function=function, initial=initial, momentum=optimizer == "momentum",
-                               forget={"uniform": "none", "decay": "fixed", "gate": "gate"}[weights],
-                               mini_batch={"sgd": 1, "one_step": None}.get(optimizer, self.mini_batch))
-        replace = {"heads": self.heads} if row.heads != self.heads else {}
-        if optimizer in ("minibatch", "momentum") and getattr(row, "mini_batch", None) != self.mini_batch:
-            replace["mini_batch"] = self.mini_batch
-        # the grid's heads, rate and slice of the batch, not the row's: every cell of a sweep trains alike
-        return dataclasses.replace(row, name="regression", lr=self.lr, microbatch=self.microbatch, **replace)
+        """The config of the layer that computes this cell: a named row's own config (as its YAML sets it), else
+        the nearest family's with the knobs set: the named row of the cell's optimiser with uniform weights,
+        else the first row whose layer can compute it (`MixerConfig.at_cell`)."""
+        cell = self.cell()
+        named = {row.cell(): row for row in self.rows() if row.cell() is not None}
+        nearest = [named.get(cell), named.get(("uniform", *cell[1:])), *named.values()]
+        row = next(config for config in (row.at_cell(cell, self.mini_batch, self.heads) for row in nearest
+                                         if row is not None) if config is not None)
+        # the grid's rate, schedule and slice of the batch, not the row's: every cell of a sweep trains alike
+        return dataclasses.replace(row, name="regression", lr=self.lr, optim=self.optim, microbatch=self.microbatch)
 
     def check(self, width: int) -> None:
         self.resolve().check(width)

@@ -25,6 +25,7 @@ other row names: `momentum=false` is plain mini-batch or per-token SGD,
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,9 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import gradient
 from tmem.memory.linear_state import retnet_log_decay
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions,
+                              check_knobs, mask_heads)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("none", "fixed", "gate")
@@ -81,6 +84,52 @@ class TitansConfig(MixerConfig):
         params = d * d + d * self.bias if self.function == "linear" else 2 * d * hidden + (hidden + d) * self.bias
         return self.heads * ((2 + self.momentum) * params + 1) + max(self.short_conv - 1, 0) * 3 * width
 
+    def cell(self) -> Cell:
+        optimizer = "momentum" if self.momentum else {1: "sgd", None: "one_step"}.get(self.mini_batch, "minibatch")
+        weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
+        return weights, self.function, optimizer, self.initial
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TitansConfig | None:
+        """Every cell of an iterative or one-step optimiser: the gradient memory with momentum, forgetting and
+        mini-batch set by the cell (sgd: a mini-batch of one token; one_step: one of the whole sequence)."""
+        weights, function, optimizer, initial = cell
+        if optimizer == "exact":
+            return None
+        return dataclasses.replace(self, function=function, initial=initial, momentum=optimizer == "momentum",
+                                   forget=FORGET_OF_WEIGHTS[weights], heads=heads,
+                                   mini_batch={"sgd": 1, "one_step": None}.get(optimizer, mini_batch))
+
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """Q, k, v through the short convolution
+        with SiLU, unit q and k, the rates theta, eta and alpha from the token, the gradient memory (a scan over
+        mini-batches), each head's RMSNorm and the output map."""
+        c, D = self, model.width
+        count.training_form(c, "parallel")
+        H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+        grads = 2 if input_grad else 1
+        parts = Counter()
+        rates = 1 + c.momentum + (c.forget == "gate")  # theta, eta, alpha: a map of x each, with a bias
+        parts["mixer/projections"] += (3 * count.matmul(N, D, D, grads)
+                                       + rates * (count.matmul(N, D, H, grads) + 2 * N * H))
+        parts["mixer/projections"] += count.matmul(R, D, D)
+        if c.short_conv:
+            parts["mixer/conv"] += count.short_conv(B, T, 3 * D, c.short_conv)
+        # unit q and k; theta = base_lr sigmoid(.) / d (XLA drops a product with one); reading at Q, the read's
+        # gradient scattered back
+        gates = (count.elementwise(2 * N * D, count.L2_NORMALIZE) + count.elementwise(N * H, count.SIGMOID)
+                 + 2 * N * H * (1 + (c.base_lr != 1.0)))
+        gates += R * D if Q else 0
+        if c.momentum:  # log eta = log_sigmoid(.)
+            gates += count.elementwise(N * H, count.LOG_SIGMOID)
+        if c.forget == "gate":  # log(1 - alpha) = log_sigmoid(-.), and the negation's gradient
+            gates += count.elementwise(N * H, count.LOG_SIGMOID) + 2 * N * H
+        parts["mixer/gates"] += gates
+        parts["norms"] += count.norm("rmsnorm", R * D)
+        widths = [d, c.expansion * d, d] if c.function == "mlp" else [d, d]
+        parts["mixer/memory"] += count.gradient_memory(B * H, T, c.mini_batch, widths, c.bias, c.inner_norm, tok=False,
+                                                 decay_grad=c.forget == "gate", momentum=c.momentum, once=once)
+        return parts
+
 
 @struct.dataclass
 class GradientState(MixerState):
@@ -89,10 +138,19 @@ class GradientState(MixerState):
     memory: tuple
     conv: jax.Array | None
 
+    def matrix(self, layer: Titans) -> jax.Array:
+        """A linear memory's weights now, A M_0 + U."""
+        if layer.cfg.function != "linear":
+            raise NoMatrix("an MLP memory")
+        M0, U, A, _ = self.memory
+        return A[..., None, None] * M0["W1"] + U["W1"]
+
 
 class Titans(Mixer):
     """A Titans layer (and the grid's iterative cells); the final memory is sown as the `state` intermediate and
     the keys it was trained on as `keys`."""
+
+    sows = frozenset({"state", "keys"})
 
     def __init__(self, cfg: TitansConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # positions come from the convolutions and the forget gate

@@ -31,6 +31,7 @@ official draws them from N(0, 0.02)).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,8 @@ from flax import nnx, struct
 
 from tmem.layers import ShortConv, rope
 from tmem.memory import gradient, ttt
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers import flops as count
+from tmem.mixers.base import Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_knobs, mask_heads
 
 FORMS = ("dual", "recurrent")
 INNERS = ("linear", "mlp")
@@ -72,6 +74,42 @@ class TTTConfig(MixerConfig):
         params = d * d + d if self.inner == "linear" else 2 * d * hidden + hidden + d
         return self.heads * (2 * params + (self.inner == "mlp")) + max(self.short_conv - 1, 0) * width
 
+    def cell(self) -> Cell:
+        return "uniform", self.inner, "minibatch", "learned"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TTTConfig | None:
+        """Only its own cell (the grid's other minibatch cells are the Titans layer's)."""
+        return dataclasses.replace(self, mini_batch=mini_batch, heads=heads) if cell == self.cell() else None
+
+    def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+        """The shared q/k map and v's, each of q and k through its own biased convolution and RoPE
+        within the mini-batch, the learned per-token rate, the memory trained by mini-batch gradient steps (the
+        dual form), the read's LayerNorm over the width, its GELU gate and the output map."""
+        c, D = self, model.width
+        count.training_form(c, "dual")
+        H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
+        grads = 2 if input_grad else 1
+        parts = Counter()
+        # q/k, v and the gate (made at every token, read at R) and the rate's map; the output map
+        parts["mixer/projections"] += (3 * count.matmul(N, D, D, grads) + count.matmul(N, D, H, grads) + 2 * N * H
+                                       + count.matmul(R, D, D))
+        if c.short_conv:  # two filters over the one map, with biases and no SiLU; backward, their input gradients added
+            conv = count.short_conv(B, T, D, c.short_conv) - count.elementwise(N * D, count.SILU) + 2 * N * D
+            parts["mixer/conv"] += 2 * conv + N * D
+        gates = 12 * N * D if c.rope else 0  # q and k: x1 cos - x2 sin, x2 cos + x1 sin, and back
+        # lr = base_lr sigmoid(.) / d (XLA drops a product with one); the GELU gate, its product and two gradients
+        gates += count.elementwise(N * H, count.SIGMOID) + 2 * N * H * (1 + (c.base_lr != 1.0))
+        # reading at Q: two gathers' scatters
+        gates += count.elementwise(R * D, count.GELU) + 3 * R * D + (2 * R * D if Q else 0)
+        parts["mixer/gates"] += gates
+        parts["norms"] += count.norm("layernorm", R * D)
+        if c.inner == "linear":
+            parts["mixer/memory"] += count.ttt_dual(B * H, T, d, c.mini_batch, once)
+        else:  # TTT-MLP: the gradient memory with the reading position's factor, neither decay nor momentum
+            parts["mixer/memory"] += count.gradient_memory(B * H, T, c.mini_batch, [d, c.expansion * d, d], bias=True,
+                                                     norm=True, tok=True, decay_grad=False, momentum=False, once=once)
+        return parts
+
 
 @struct.dataclass
 class TTTState(MixerState):
@@ -84,10 +122,19 @@ class TTTState(MixerState):
     memory: tuple
     conv: jax.Array | None
 
+    def matrix(self, layer: TTT) -> jax.Array:
+        """TTT-Linear's weights the last token read with, W_0 - tok_i dW when a mini-batch is open."""
+        if layer.cfg.inner != "linear":
+            raise NoMatrix("an MLP memory")
+        W, _, dW, _ = self.memory
+        return W - layer.token_lr()[(self.length - 1) % layer.cfg.mini_batch] * dW
+
 
 class TTT(Mixer):
     """A TTT-Linear or TTT-MLP layer; the final state is sown as the `state` intermediate and the keys (the inner
     model's training inputs) as `keys`."""
+
+    sows = frozenset({"state", "keys"})
 
     def __init__(self, cfg: TTTConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # the layer's own RoPE, within the mini-batch (cfg.rope)

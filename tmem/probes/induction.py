@@ -224,7 +224,7 @@ def run(inp: ProbeInput):
 def _applies(cfg) -> str | None:
     if cfg.task.input_kind != "tokens":
         return f"needs a token task (it feeds repeated random tokens), not {cfg.task.name!r}"
-    if cfg.mixer.name != "softmax":
+    if not cfg.mixer.attention_patterns:
         return f"needs softmax attention (its patterns are what it scores), not mixer {cfg.mixer.name!r}"
     return None
 

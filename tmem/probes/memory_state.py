@@ -16,9 +16,10 @@ M = d_k pairs. This probe puts the two sides next to each other on held-out sequ
   measured too. The prediction is for zero-mean directions: a non-negative feature map (elu + 1, relu)
   gives keys that share a mean direction, whose cosines sit far above 1/d_k before any training.
 
-Keys are read through the `keys` intermediate each matrix row sows (a no-op outside `nnx.capture`), so
-the layers' math is not repeated here. Layers whose state is no matrix (softmax's and Hopfield's caches, an
-MLP memory, no mixer) are reported as such. `key_cosines_figure` shows one sequence's stored keys' cosines
+Keys are read through the `keys` intermediate of each layer that declares it sows them (`Mixer.sows`; a
+no-op outside `nnx.capture`), so the layers' math is not repeated here, and the matrix through the state's
+own `matrix`. Layers whose state is no matrix (softmax's and Hopfield's caches, an MLP memory, no mixer)
+are reported as such, in their state's words. `key_cosines_figure` shows one sequence's stored keys' cosines
 (notebooks/mqar_memory.py).
 """
 
@@ -31,11 +32,7 @@ import numpy as np
 from flax import nnx
 
 from tasks import heldout
-from tmem.mixers.fast_weight import FastWeightState
-from tmem.mixers.lsa import Store
-from tmem.mixers.mesa import MesaState
-from tmem.mixers.titans import GradientState
-from tmem.mixers.ttt import TTTState
+from tmem.mixers.base import NoMatrix
 from tmem.probes.base import Probe, ProbeInput
 
 DEFAULTS = {"sequences": 512, "chunk": 128}  # a modest held-out sample; options.memory_state may change either
@@ -106,30 +103,12 @@ def stored_positions(task) -> tuple[np.ndarray, np.ndarray]:
 # ---- the rows' matrices ----
 
 def matrix_memory(layer, state) -> tuple[np.ndarray | None, str | None]:
-    """The final state's matrix [B, H, d_k, d_v] (key-major, read x S) and None, or None and why there is none.
-
-    Fast-weight rows: S without linear attention's normaliser column. Mesa: G, the gated sum of k v^T (H,
-    the keys' second moment, only whitens the query). TTT-Linear: the weights the last token read with,
-    W_0 - tok_i dW when a mini-batch is open. Titans with a linear memory: A M_0 + U, its weights now.
-    """
-    if isinstance(state, FastWeightState):
-        return np.asarray(state.memory[..., :layer.d_value]), None
-    if isinstance(state, MesaState):
-        return np.asarray(state.G), None
-    if isinstance(state, Store):
-        return np.asarray(state.store), None
-    if isinstance(state, TTTState) and layer.cfg.inner == "linear":
-        W, _, dW, _ = state.memory
-        tok = layer.token_lr()[(state.length - 1) % layer.cfg.mini_batch]
-        return np.asarray(W - tok * dW), None
-    if isinstance(state, GradientState) and layer.cfg.function == "linear":
-        M0, U, A, _ = state.memory
-        return np.asarray(A[..., None, None] * M0["W1"] + U["W1"]), None
-    if isinstance(state, (TTTState, GradientState)):
-        return None, "no matrix state: an MLP memory"
-    kinds = {"SoftmaxAttention": "a KV cache, one key and value per token", "Hopfield": "a cache of patterns",
-             "NoMixer": "no sequence memory"}
-    return None, f"no matrix state: {kinds.get(type(layer).__name__, type(state).__name__)}"
+    """The final state's matrix [B, H, d_k, d_v] (key-major, read x S) and None, or None and why there is none:
+    as the state's own `matrix` reads it (tmem.mixers.base.MixerState.matrix)."""
+    try:
+        return np.asarray(state.matrix(layer)), None
+    except NoMatrix as e:
+        return None, f"no matrix state: {e}"
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -139,7 +118,7 @@ def _forward(graphdef, params, tokens):
     n, keys = len(model.blocks), []
     for i in range(len(states)):  # a tied block sows one entry per application
         sown = _child(_child(_child(inter, "blocks"), i % n), "mixer")
-        keys.append(sown["keys"][i // n] if "keys" in sown else None)
+        keys.append(sown["keys"][i // n] if "keys" in model.blocks[i % n].mixer.sows else None)
     return states, keys
 
 

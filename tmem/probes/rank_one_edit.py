@@ -151,7 +151,7 @@ def _applies(cfg) -> str | None:
         return f"needs a memorize run, not {cfg.task.name!r}"
     if cfg.mlp.name == "none":
         return "the model has no MLP to edit"
-    if cfg.mixer.name != "none":
+    if cfg.mixer.mixes:
         return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {cfg.mixer.name!r}"
     return None
 

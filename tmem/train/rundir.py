@@ -12,6 +12,7 @@ record keeps describing how the run started.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -24,20 +25,17 @@ from omegaconf import OmegaConf, open_dict
 
 from tmem.command import check_group_overrides, compose_command, overrides_of
 from tmem.config import CONFIG_DIR, ConfigError, validate
+from tmem.mixers import config_type
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
 RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
-# What a resume may change: how long and how often, where it is tracked, on how many hosts, and how attention's
-# read is computed (the same read either way). Everything else (task, model, mixer,
+# What a resume may change: how long and how often, where it is tracked, on how many hosts, and the slice of the
+# batch differentiated at once (the same update to float rounding), and the mixer's fields its row marks
+# resumable (tmem.mixers.base.resumable: how it computes the same function). Everything else (task, model, mixer,
 # MLP, optimizer, seed, batch) is the run itself; changing it is a new run.
 RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_every", "train.checkpoint_every",
              "train.keep_checkpoints", "train.target", "train.early_stop", "train.resume", "train.diverge_factor",
-             "train.diverge_patience", "logger.", "name", "cluster.", "mixer.implementation",
-             # the slice of the batch differentiated at once: the same update to float rounding, and runs saved
-             # before train.microbatch=auto hold a number where a new command has auto
-             "train.microbatch", "mixer.microbatch",
-             # the form held-out evaluations read in: the same function; runs saved before eval_form=auto hold null
-             "mixer.eval_form")
+             "train.diverge_patience", "logger.", "name", "cluster.", "train.microbatch")
 # Hydra's flags that print something and run nothing
 INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
            "--shell-completion"}
@@ -193,9 +191,10 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir} holds no config to resume from (no readable checkpoint and no "
                           ".hydra/config.yaml): choose another hydra.run.dir for a new run")
     old, new = _flat(saved), _flat(resolved)
+    resumable = RESUMABLE + _mixer_resumable(saved) + _mixer_resumable(resolved)
     changed = [k for k in sorted(old.keys() | new.keys())
                if old.get(k) != new.get(k) and k != "optim.decay_steps"  # compared as the decay's end, below
-               and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUMABLE)]
+               and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in resumable)]
     if changed:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
@@ -211,6 +210,15 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
                           f"{old_end} to {new_end} (optim.decay_steps, or train.steps where it and the mixer's "
                           f"recommendation are null): keep the run's schedule with optim.decay_steps={old_end}, or "
                           "start a new run in another hydra.run.dir")
+
+
+def _mixer_resumable(resolved: dict) -> tuple[str, ...]:
+    """The mixer fields a resume may change, as the row's config marks them (tmem.mixers.base.resumable)."""
+    try:
+        schema = config_type(resolved.get("mixer") or {})
+    except ValueError as e:
+        raise ConfigError(f"train.resume: {e}") from None
+    return tuple(f"mixer.{f.name}" for f in dataclasses.fields(schema) if f.metadata.get("resumable"))
 
 
 def _decay_end(resolved: dict) -> int | None:
