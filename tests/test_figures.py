@@ -36,13 +36,17 @@ def test_learning_curves_are_the_median_and_band_over_seeds_at_shared_steps(swee
     lines = {line.get_label(): line for line in fig.axes[0].lines}
     np.testing.assert_allclose(lines["mixer=linear (n=3)"].get_ydata(), [0.4, 0.8, 0.8])
 
-    (sweep / "5" / "metrics.jsonl").write_text('{"step": 50, "eval/accuracy": 0.6}\n{"step": 100, "eval/acc')
+    (sweep / "5" / "metrics.jsonl").write_text('{"step": 50, "eval/accuracy": 0.6}\n{"step": 100, "eval/acc\n'
+                                               '{"step": 150, "eval/accuracy": 0.8}\n')  # a line cut inside
     (sweep / "4" / "metrics.jsonl").unlink()  # a run from before the file was written
+    with open(sweep / "3" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 200, "eval/acc')  # the last line cut by a kill: the run's curve up to it stands
     rows = figures.learning_curves(jobs([sweep])).rows
     assert [(r["configuration"], r["n"], r["median"]) for r in rows if r["step"] == 100] == [
         ("mixer=softmax", 3, 0.995), ("mixer=linear", 1, 0.991)]  # the rest drawn
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"skipped: {sweep / '5' / 'metrics.jsonl'}: line 2 is not JSON", "skipped 1 damaged job of 6",
+    assert err == [f"skipped: {sweep / '5' / 'metrics.jsonl'}: line 2 is not JSON: '{{\"step\": 100, \"eval/acc'",
+                   "skipped 1 damaged job of 6",
                    "1 of 6 jobs have no metrics.jsonl (runs made before it was written): no curve"]
 
 

@@ -101,7 +101,9 @@ def test_damaged_jobs_are_named_counted_and_skipped(tmp_path, capsys):
     assert "3 jobs in 1 sweeps" in capsys.readouterr().out
 
     (tmp_path / "0" / "metrics.jsonl").write_text('{"step": 50, "eval/accuracy": 0.5}\n{"step": 10')
-    with pytest.raises(runs.Damaged, match="metrics.jsonl: line 2 is not JSON"):
+    assert runs.metrics(tmp_path / "0") == [{"step": 50, "eval/accuracy": 0.5}]  # the last line cut by a kill
+    (tmp_path / "0" / "metrics.jsonl").write_text('{"step": 10\n{"step": 50, "eval/accuracy": 0.5}\n')
+    with pytest.raises(runs.Damaged, match="metrics.jsonl: line 1 is not JSON"):
         runs.metrics(tmp_path / "0")
 
 

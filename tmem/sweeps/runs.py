@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from omegaconf import OmegaConf
 
+from tmem.train.record import METRICS, read_metrics
+
 T = TypeVar("T")
 
 
@@ -102,23 +104,17 @@ def budget(run_dir: Path, fields: dict[str, Any]) -> int | None:
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl's lines ({"step": ..., "train/loss": ...}), in file order; [] where the run has none.
 
-    A line that is not a JSON object with an integer step is damage: a run
-    writes whole lines, so a cut one means the file was cut.
+    The run's own reader (tmem.train.record) leaves out a last line cut by a
+    kill; any other line that is not a JSON object with an integer step is
+    damage.
     """
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    lines = []
-    for i, text in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not text.strip():
-            continue
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:
-            raise Damaged(f"{path}: line {i} is not JSON") from None
+    try:
+        lines = read_metrics(run_dir)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Damaged(str(e)) from None
+    for i, line in enumerate(lines, 1):
         if not isinstance(line, dict) or not isinstance(line.get("step"), int):
-            raise Damaged(f"{path}: line {i} has no integer step")
-        lines.append(line)
+            raise Damaged(f"{run_dir / METRICS}: line {i} has no integer step")
     return lines
 
 
