@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import TINY, compose_config
+from conftest import TINY, compose_config, quick_only
 from tmem.config import ConfigError, validate
 from tmem.mlps import MoEConfig, PKMConfig
 from tmem.mlps.dense import SCORES
@@ -36,7 +36,8 @@ GROUPED = [(4, 2, 13, 3, "relu", False), (8, 3, 16, 1, "gelu", False), (1, 1, 5,
            (5, 2, 9, 16, "swiglu", True)]
 
 
-@pytest.mark.parametrize("E,k,N,block,score,bias", GROUPED)
+@pytest.mark.parametrize("E,k,N,block,score,bias", quick_only(GROUPED, {"4-2-13-3-relu-False", "5-2-9-16-swiglu-True"},
+                                                              ids=lambda c: "-".join(map(str, c))))
 def test_the_grouped_form_equals_every_expert_gated(E, k, N, block, score, bias):
     """Outputs and gradients (tokens, gates, every expert's weights) of the training form equal the dense loop."""
     D = 6
@@ -50,8 +51,8 @@ def test_the_grouped_form_equals_every_expert_gated(E, k, N, block, score, bias)
                         (lambda *a: grouped(*a, block), dense_oracle))
         np.testing.assert_allclose(fast, oracle, rtol=1e-5, atol=1e-5)
         loss = lambda f: lambda x, gate, experts: jnp.sum(jnp.sin(f(x, index, gate, experts)))  # noqa: E731
-        g_fast = jax.grad(loss(lambda *a: grouped(*a, score, block)), argnums=(0, 1, 2))(x, gate, experts)
-        g_oracle = jax.grad(loss(lambda *a: dense_oracle(*a, score)), argnums=(0, 1, 2))(x, gate, experts)
+        g_fast, g_oracle = (jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))(x, gate, experts) for f in
+                            (lambda *a: grouped(*a, score, block), lambda *a: dense_oracle(*a, score)))
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_oracle)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -130,7 +131,7 @@ def test_a_bad_mixture_or_memory_is_refused_in_one_line(overrides, message):
 SEARCHES = [(7, 1, 8, 3, 6), (5, 2, 16, 4, 8), (4, 3, 5, 5, 4)]
 
 
-@pytest.mark.parametrize("N,H,n,k,d", SEARCHES)
+@pytest.mark.parametrize("N,H,n,k,d", quick_only(SEARCHES, {"5-2-16-4-8"}, ids=lambda c: "-".join(map(str, c))))
 def test_product_keys_find_the_brute_force_top_k(N, H, n, k, d):
     keys = jax.random.split(jax.random.key(n), 3)
     q, c1, c2 = (jax.random.normal(kk, s) for kk, s in zip(keys, [(N, H, d), (H, n, d // 2), (H, n, d // 2)]))

@@ -66,9 +66,10 @@ def test_a_mixture_is_gathered_at_its_active_and_total_parameters(tmp_path):
 def test_main_writes_the_table_and_figure(tmp_path, capsys):
     for i, e in enumerate((0.5, 1, 2)):
         fake_run(tmp_path / "sweep", str(i), "relu", e, 0.2 * (i + 1))
+    fake_run(tmp_path / "sweep", "moe", "moe", 0.5, 0.5)  # drawn at its active parameters too
     assert slow_memory.main([str(tmp_path / "sweep")]) == 0
     with open(tmp_path / "sweep" / "slow_memory.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
+        assert len(list(csv.DictReader(f))) == 4
     assert (tmp_path / "sweep" / "slow_memory.png").stat().st_size > 0
     assert "bits/param" in capsys.readouterr().out
     assert slow_memory.main([str(tmp_path / "empty")]) == 2

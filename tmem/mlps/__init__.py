@@ -1,9 +1,10 @@
 """The slow memories: the MLP group, one config type and one layer per kind, as the mixers' table has rows.
 
 Adding one is a module (its config extends MLPConfig, its layer maps
-[..., width] to [..., width] position by position), one line in MLPS and one
-YAML file under configs/mlp/ naming its base (`base_<module>`). `none` has no
-layer: the block then has no MLP and no norm before it.
+[..., width] to [..., width] position by position), one line in MLPS, its
+count in tmem/mlps/flops.py and one YAML file under configs/mlp/ naming its
+base (`base_<module>`). `none` has no layer: the block then has no MLP and no
+norm before it.
 """
 
 from typing import NamedTuple
@@ -44,5 +45,5 @@ def layer_of(config: MLPConfig) -> type[nnx.Module] | None:
     return MLPS[config.name].layer
 
 
-__all__ = ["CONFIGS", "MLPS", "AuxiliaryLoss", "DenseConfig", "Kind", "MLPConfig", "MoEConfig", "PKMConfig",
-           "layer_of", "with_auxiliary_losses"]
+__all__ = ["CONFIGS", "MLPS", "AuxiliaryLoss", "Dense", "DenseConfig", "Kind", "MLPConfig", "MoE", "MoEConfig",
+           "PKMConfig", "ProductKeyMemory", "layer_of", "with_auxiliary_losses"]

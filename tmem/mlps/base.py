@@ -49,7 +49,8 @@ def with_auxiliary_losses(forward, model: nnx.Module):
     and each name's value as a metric, the mean over the layers (and a looped block's applications) that sowed it.
 
     forward takes `model` first. A model with no such layer is called as it is, with no term (None) and no
-    metrics: its program is what it was (a capture would also turn off the fused attention read).
+    metrics: its program is what it was. One with such a layer runs under `nnx.capture`, which also turns off
+    softmax attention's fused read (tmem.mixers.attention keeps the plain read while anything is captured).
     """
     if not sows_auxiliary_losses(model):
         return lambda *args: (forward(model, *args), None, {})
@@ -57,8 +58,8 @@ def with_auxiliary_losses(forward, model: nnx.Module):
     def call(*args):
         out, sown = nnx.capture(forward, AuxiliaryLoss)(model, *args)
         pairs: dict[str, list] = {}
-        for path, values in nnx.to_flat_state(sown):
-            for weight, value in values.get_value() if isinstance(values, nnx.Variable) else values:
+        for path, sown_here in nnx.to_flat_state(sown):  # one variable per layer: a tuple, one pair a call
+            for weight, value in sown_here.get_value():
                 pairs.setdefault(path[-1], []).append((weight, value))
         term = sum(w * v for ps in pairs.values() for w, v in ps)
         metrics = {name: jnp.mean(jnp.stack([v for _, v in ps])) for name, ps in pairs.items()}
