@@ -69,8 +69,8 @@ class MoEConfig(MLPConfig):
         return dense_parameters(width, hidden_units(self.expansion, width), self.score, self.bias)
 
     def parameters(self, width: int) -> tuple[int, int]:
-        router = width * self.experts
-        return router + self.top_k * self.expert_parameters(width), router + self.experts * self.expert_parameters(width)
+        router, expert = width * self.experts, self.expert_parameters(width)
+        return router + self.top_k * expert, router + self.experts * expert
 
 
 def route(probs: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:

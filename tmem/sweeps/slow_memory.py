@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from tmem.config import parse_group
 from tmem.memory.capacity import capacity_theory
 from tmem.mlps import CONFIGS, DenseConfig, MLPConfig, MoEConfig, PKMConfig
+from tmem.mlps.dense import hidden_units
 from tmem.sweeps.gather import find_runs, gather_command
 from tmem.train.checkpoint import Checkpoints
 
@@ -36,8 +37,8 @@ from tmem.train.checkpoint import Checkpoints
 READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "relu3": "relu3", "gelu": "gelu",
                  "swiglu": "swiglu"}
 COLUMNS = ["score", "width", "hidden", "active_params", "mlp_params", "num_facts", "num_values", "chance_facts",
-           "facts_stored", "accuracy", "bits_per_param", "random_key_capacity", "random_key_facts", "status", "steps", "gain_last_quarter",
-           "converged", "wall_seconds", "run_dir"]
+           "facts_stored", "accuracy", "bits_per_param", "random_key_capacity", "random_key_facts", "status", "steps",
+           "gain_last_quarter", "converged", "wall_seconds", "run_dir"]
 
 
 def label(mlp: MLPConfig) -> str:
@@ -65,7 +66,7 @@ def read_run(run_dir: Path) -> dict | None:
     d, mlp = int(cfg.model.width), parse_group("mlp", CONFIGS[cfg.mlp.name], cfg.mlp)
     active, params = mlp.parameters(d)
     dense = isinstance(mlp, DenseConfig)
-    hidden = int(round(mlp.expansion * d)) if dense else None
+    hidden = hidden_units(mlp.expansion, d) if dense else None
     F, n_values = int(cfg.task.num_facts), int(cfg.task.num_values)
     accuracy = float(summary["eval/accuracy"])
     stored = int(round(accuracy * F))
