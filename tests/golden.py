@@ -13,7 +13,8 @@ gate became a sigmoid, tokens-gla and tokens-gla-mlp when GLA's forget gate
 began open (`mixer.forget_bias=4`), tokens-mamba2 when Mamba-2's A began
 in (0.1, 1) (`mixer.a_range`) and again when its B and C became as wide as the
 model and its values half of it (`mixer.expand=0.5`); each `*-before` case holds the row's earlier
-setting to the original recording (copied, not re-measured). The vector task's cases of
+setting to the original recording (copied, not re-measured); tokens-softmax-relu3, -moe and -pkm were
+recorded when those MLPs were added (MLP_SWITCHES). The vector task's cases of
 rows outside VECTOR_ROWS were dropped to keep the suite within its time (their
 token cases hold the same rows' math).
 """
@@ -57,6 +58,11 @@ BEFORE = {"mamba2": ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.out
           "gla": ["mixer.forget_bias=0"]}
 
 
+# the MLPs added after the recording, each as a switch of the softmax model (recorded when added)
+MLP_SWITCHES = {"relu3": ["mlp=relu3"], "moe": ["mlp=moe", "mlp.experts=4", "mlp.block=4"],
+                "pkm": ["mlp=pkm", "mlp.keys=8", "mlp.top_k=4", "mlp.heads=2"]}
+
+
 def _with_heads(base, mixer):
     """Two heads, or none for the mixer without heads (whose key the icl_gd experiment would still set)."""
     heads = ["~mixer.heads"] if mixer == "none" and "experiment=icl_gd" in base else []
@@ -75,6 +81,7 @@ def cases() -> dict[str, list[str]]:
         "rmsnorm-gelu": ["model.norm=rmsnorm", "mlp=gelu", "mixer.qk_norm=rms"],
         "tied-embeddings": ["model.tie_embeddings=true", "mlp=relu2"],
         "fixed-embeddings": ["model.train_embeddings=false", "mlp=linear", "mlp.bias=true"],
+        **MLP_SWITCHES,
     }.items():
         out[f"tokens-softmax-{name}"] = [*tokens, "mixer.heads=2", *extra]
     out["tokens-gla-mlp"] = [*_with_heads(tokens, "gla"), "mlp=relu", "model.depth=3"]

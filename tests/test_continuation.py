@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, quick_only
-from golden import MIXERS, VECTOR, VECTOR_ROWS, _with_heads
+from golden import MIXERS, MLP_SWITCHES, VECTOR, VECTOR_ROWS, _with_heads
 from tmem.mixers import CONFIGS
 
 
@@ -53,6 +53,10 @@ def cases() -> dict[str, list[str]]:
             causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
             out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
     out["tokens-softmax-rope"] = [*_with_heads(tokens, "softmax"), "model.positions=rope"]
+    # the MLPs read each position alone, so they continue whatever the split; a mixture's routing and a memory's
+    # search are the same for a token in any call
+    out.update({f"tokens-softmax-{name}": [*_with_heads(tokens, "softmax"), *mlp] for name, mlp in MLP_SWITCHES.items()
+                if name in ("moe", "pkm")})
     return out
 
 

@@ -347,3 +347,27 @@ def test_every_part_is_named_and_the_total_is_their_sum():
     assert set(counts) == {"embed/unembed", "norms", "mixer/projections", "mixer/conv", "mixer/gates",
                            "mixer/memory", "mlp", "residual", "loss", "optimizer", "total"}
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
+# the MLPs beyond the dense default's none: the cubed ReLU, the mixture of experts (a gated score, biases and
+# Switch's gates in the second set) and product-key memories (one head, then two reading fewer keys each)
+MLP_OPTIONS = {"moe": ("mlp=moe",), "pkm": ("mlp=pkm",), "relu3": ("mlp=relu3",),
+               "moe-swiglu-bias-switch": ("mlp=moe", "mlp.score=swiglu", "mlp.bias=true", "mlp.renormalize=false"),
+               "pkm-heads": ("mlp=pkm", "mlp.heads=2", "mlp.top_k=4")}
+
+
+@pytest.mark.slow  # 20 to 40 s each, the default job's program; the quick subset has the count's shape below
+@pytest.mark.parametrize("options", MLP_OPTIONS.values(), ids=MLP_OPTIONS.keys())
+def test_the_count_of_the_mlps_matches_xla(options):
+    """Analytic / XLA 0.993 to 0.996 on the default job (the MLP's own share 0.993 to 1.000)."""
+    overrides = (*loop_free("softmax"), *options)
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{options}: analytic {analytic:.4g}, XLA {xla:.4g}"
+
+
+def test_a_mixture_counts_its_active_experts():
+    """Top 2 of 8 experts cost about a quarter of all 8 on every token (a dense MLP as wide as all of them): the
+    router and the padding of each expert's rows to a block add the rest."""
+    moe = step_flops(config("mlp=moe", "mlp.expansion=1"))["mlp"]
+    every_expert = step_flops(config("mlp=relu", "mlp.expansion=8"))["mlp"]
+    assert 0.25 < moe / every_expert < 0.3

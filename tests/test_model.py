@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tmem.layers import MLPS
+from tmem.mlps import MLPS
 from tmem.model import load_weights
 
 

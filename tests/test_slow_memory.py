@@ -40,21 +40,36 @@ def test_parameters_facts_and_bits_per_parameter(tmp_path):
     assert relu2["converged"] and not relu["converged"]
 
 
-def test_mlp_parameter_count_matches_the_model():
+@pytest.mark.parametrize("mlp", [["mlp=relu", "mlp.bias=true", "mlp.expansion=2"],
+                                 ["mlp=swiglu", "mlp.bias=true", "mlp.expansion=2"],
+                                 ["mlp=moe", "mlp.score=swiglu", "mlp.bias=true"], ["mlp=pkm", "mlp.heads=2"]],
+                         ids=lambda o: " ".join(o))
+def test_mlp_parameter_count_matches_the_model(mlp):
     from tmem.config import validate
     from tmem.model import build_model, count_params
 
-    for score in ("relu", "swiglu"):
-        cfg = validate(compose_config(["experiment=memorize", f"mlp={score}", "mlp.expansion=2", "mlp.bias=true"]))
-        assert slow_memory.mlp_params(16, 32, score, True) == count_params(build_model(cfg, cfg.task).blocks[0].mlp)
+    cfg = validate(compose_config(["experiment=memorize", *mlp]))
+    active, total = cfg.mlp.parameters(16)
+    assert total == count_params(build_model(cfg, cfg.task).blocks[0].mlp)
+    assert active == total if mlp[0] in ("mlp=relu", "mlp=swiglu") else active < total
+
+
+def test_a_mixture_is_gathered_at_its_active_and_total_parameters(tmp_path):
+    fake_run(tmp_path, "moe", "moe", 0.5, 0.25)
+    (row,) = slow_memory.gather([tmp_path])
+    router, expert = 16 * 8, 2 * 16 * 8  # 8 experts of 8 hidden units, top 2
+    assert (row["score"], row["active_params"], row["mlp_params"]) == ("moe relu top2/8", router + 2 * expert,
+                                                                       router + 8 * expert)
+    assert row["hidden"] is None and row["random_key_facts"] is None and row["facts_stored"] == 256
 
 
 def test_main_writes_the_table_and_figure(tmp_path, capsys):
     for i, e in enumerate((0.5, 1, 2)):
         fake_run(tmp_path / "sweep", str(i), "relu", e, 0.2 * (i + 1))
+    fake_run(tmp_path / "sweep", "moe", "moe", 0.5, 0.5)  # drawn at its active parameters too
     assert slow_memory.main([str(tmp_path / "sweep")]) == 0
     with open(tmp_path / "sweep" / "slow_memory.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
+        assert len(list(csv.DictReader(f))) == 4
     assert (tmp_path / "sweep" / "slow_memory.png").stat().st_size > 0
     assert "bits/param" in capsys.readouterr().out
     assert slow_memory.main([str(tmp_path / "empty")]) == 2

@@ -23,7 +23,7 @@ from tmem.memory.softmax import logn_scale, softmax_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
 from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
 from tmem.model import build_model, count_params
-from tmem.schema import MLPConfig
+from tmem.mlps import DenseConfig
 
 B, T, D, H = 2, 10, 16, 4
 d = D // H
@@ -189,7 +189,7 @@ def test_a_long_windowed_continuation_keeps_a_bounded_cache():
 
 
 def test_post_norm_is_the_norm_of_the_residual_sum():
-    block = Block(D, norm="layernorm", mixer=SoftmaxConfig(heads=H), mlp=MLPConfig("relu"), positions="none",
+    block = Block(D, norm="layernorm", mixer=SoftmaxConfig(heads=H), mlp=DenseConfig("relu"), positions="none",
                   rngs=nnx.Rngs(params=0), post_norm=True)
     x = inputs()
     h = block.mixer_norm(x + block.mixer(x)[0])

@@ -5,16 +5,17 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from tmem.layers import MLP, make_norm
+from tmem.layers import make_norm
 from tmem.mixers import MixerConfig, MixerState, layer_of
 from tmem.mixers.base import at_positions
-from tmem.schema import MLPConfig, ModelConfig
+from tmem.mlps import MLPConfig, layer_of as mlp_layer
+from tmem.schema import ModelConfig
 
 
 class Block(nnx.Module):
     """x += mixer(norm x); x += mlp(norm x), or with post-norm x = norm(x + mixer(x)); x = norm(x + mlp(x)).
 
-    The mixer is the fast memory, the MLP the slow one.
+    The mixer is the fast memory, the MLP (any of tmem.mlps, or none) the slow one.
     """
 
     def __init__(self, width: int, *, norm: str, mixer: MixerConfig, mlp: MLPConfig, positions: str,
@@ -22,9 +23,10 @@ class Block(nnx.Module):
         self.post_norm = post_norm
         self.mixer_norm = make_norm(norm, width, rngs)
         self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope", rngs=rngs)
-        if mlp.name != "none":
+        layer = mlp_layer(mlp)
+        if layer is not None:
             self.mlp_norm = make_norm(norm, width, rngs)
-            self.mlp = MLP(width, int(round(mlp.expansion * width)), mlp.name, bias=mlp.bias, rngs=rngs)
+            self.mlp = layer(mlp, width, rngs=rngs)
         else:
             self.mlp = None
 

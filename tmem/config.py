@@ -1,8 +1,8 @@
 """A composed config made typed, checked before anything compiles, and the Hydra nodes the YAML files extend.
 
 Hydra composes YAML; `validate` turns the result into the frozen dataclasses
-of tmem.schema (and tasks.TASKS, tmem.mixers.CONFIGS, beside their code, so
-adding a task or a row needs no edit here), fills in what a row recommends,
+of tmem.schema (and tasks.TASKS, tmem.mixers.CONFIGS, tmem.mlps.CONFIGS, beside
+their code, so adding a task, a row or an MLP needs no edit here), fills in what a row recommends,
 and turns every problem into one `ConfigError` line naming the field and
 what is allowed.
 """
@@ -19,7 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
-from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
+from tmem.mlps import CONFIGS as MLP_CONFIGS
+from tmem.schema import ClusterConfig, Config, LoggerConfig, ModelConfig, OptimConfig, TrainConfig
 from tmem.structured import structured
 
 
@@ -53,8 +54,7 @@ def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:
     return model
 
 
-_FIXED = {"model": ModelConfig, "mlp": MLPConfig, "optim": OptimConfig, "logger": LoggerConfig,
-          "train": TrainConfig}
+_FIXED = {"model": ModelConfig, "optim": OptimConfig, "logger": LoggerConfig, "train": TrainConfig}
 
 
 def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = ()):
@@ -100,12 +100,13 @@ def _mixer_type(node: Any) -> type[MixerConfig]:
 
 def validate(cfg: DictConfig) -> Config:
     """Check a composed config and return it typed; raises ConfigError."""
-    for section in ("task", "mixer", *_FIXED):
+    for section in ("task", "mixer", "mlp", *_FIXED):
         if section not in cfg:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
     mixer = parse_group("mixer", _mixer_type(cfg.mixer), cfg.mixer, drop=(ROW_KEY,))
+    mlp = parse_group("mlp", MLP_CONFIGS[_registered("mlp", cfg.mlp, MLP_CONFIGS)], cfg.mlp)
     fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
     try:
         mixer = mixer.fit(task, fixed["model"].width)
@@ -118,7 +119,7 @@ def validate(cfg: DictConfig) -> Config:
         except ValueError as e:
             raise ConfigError(f"{e} (train.microbatch=auto takes mixer.microbatch; set train.microbatch)") from None
     cluster = parse_group("cluster", ClusterConfig, cfg.cluster) if "cluster" in cfg else ClusterConfig()
-    config = Config(task=task, mixer=mixer, name=cfg.get("name"), cluster=cluster, **fixed)
+    config = Config(task=task, mixer=mixer, mlp=mlp, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)
     return dataclasses.replace(config, model=resolve_auto(config.model, mixer, task))
 
@@ -140,6 +141,7 @@ def _check_together(cfg: Config) -> None:
     """Constraints between groups."""
     try:
         cfg.mixer.check(cfg.model.width)
+        cfg.mlp.check(cfg.model.width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     examples = getattr(cfg.task, "train_examples", None)
@@ -165,7 +167,7 @@ def register_bases() -> None:
 
     The nodes are stored untyped (plain dicts): a typed structured config would
     have Hydra reject a bad value in its own multi-line error before `validate`
-    can name it in one line. Row YAMLs say `defaults: [base_<schema>, _self_]`
+    can name it in one line. Row and MLP YAMLs say `defaults: [base_<module>, _self_]`
     and hold only what differs, so a composed config (the run's
     .hydra/config.yaml and its wandb config) still lists every field, and any
     field can be overridden without `++`.
@@ -175,11 +177,12 @@ def register_bases() -> None:
     def node(schema, **values):
         return {**plain(schema()), **values}
 
-    for row in set(CONFIGS.values()):
-        store.store(group="mixer", name=f"base_{row.__module__.rsplit('.', 1)[-1]}", node=node(row))
+    for group, schemas in (("mixer", CONFIGS), ("mlp", MLP_CONFIGS)):
+        for schema in set(schemas.values()):
+            store.store(group=group, name=f"base_{schema.__module__.rsplit('.', 1)[-1]}", node=node(schema))
     for name, schema in TASKS.items():
         store.store(group="task", name=f"base_{name}", node={"name": name, **node(schema)})
-    for group in ("model", "mlp", "optim", "logger"):
+    for group in ("model", "optim", "logger"):
         store.store(group=group, name="base", node=node(_FIXED[group]))
     store.store(group="cluster", name="base", node=node(ClusterConfig))
     store.store(name="base_train", node={"train": node(TrainConfig)})

@@ -59,8 +59,10 @@ import jax
 from flax import nnx
 
 from tasks.memorize import Memorize
-from tmem.memory.flops import elementwise, matmul
-from tmem.mixers.flops import SCORE_FUNCTIONS, norm
+from tmem.memory.flops import matmul
+from tmem.mixers.flops import norm
+from tmem.mlps import layer_of as mlp_layer
+from tmem.mlps.flops import mlp_flops
 from tmem.model import build_model
 
 # the token loss per logit: cross-entropy forward and backward (4) and the accuracy's argmax (9)
@@ -161,22 +163,11 @@ def block(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fal
         parts.update(cfg.mixer.flops(cfg.model, B, T, Q, mixer_grad, once))
         # the residual add; backward, the two gradients of x added (and, reading at Q positions, scattered back)
         parts["residual"] += R * D + (B * T * D + (R * D if Q else 0) if input_grad else 0)
-    if cfg.mlp.name != "none":
+    if mlp_layer(cfg.mlp) is not None:
         parts["norms"] += norm(cfg.model.norm, R * D)
-        parts["mlp"] += mlp(cfg.mlp, D, R)
+        parts["mlp"] += mlp_flops(cfg.mlp, D, R)
         parts["residual"] += 2 * R * D
     return parts
-
-
-def mlp(cfg, D: int, rows: int) -> int:
-    """W_out s(W_in x) (SwiGLU: W_out (silu(a) * b)), with biases if any."""
-    hidden = int(round(cfg.expansion * D))
-    gated = cfg.name == "swiglu"
-    flops = matmul(rows, D, hidden * (1 + gated)) + matmul(rows, hidden, D)
-    flops += elementwise(rows * hidden, SCORE_FUNCTIONS[cfg.name]) + (3 * rows * hidden if gated else 0)
-    if cfg.bias:
-        flops += 2 * rows * (hidden * (1 + gated) + D)  # the adds, and the sums of their gradients
-    return flops
 
 
 def optimizer(cfg) -> int:

@@ -1,4 +1,4 @@
-"""Shared layers: norms, rotary positions, and the MLP (the slow memory)."""
+"""Shared layers: norms, rotary positions, the linear layer, short convolutions (the MLPs are in tmem/mlps)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-from tmem.memory.reads import SCORES as _READS
 
 NORMS = ("layernorm", "rmsnorm", "none")
 
@@ -77,35 +75,6 @@ def linear(n_in: int, n_out: int, *, bias: bool, rngs: nnx.Rngs,
            bias_init=nnx.initializers.zeros_init()) -> nnx.Linear:
     """An nnx.Linear (the same parameters, initialisation and dtype handling) whose product is `dense`."""
     return nnx.Linear(n_in, n_out, use_bias=bias, bias_init=bias_init, dot_general=_dense_dot_general, rngs=rngs)
-
-
-# The score function applied to the keys' match W_in x (Chapter 5): the read of
-# the slow memory, from tmem.memory.reads. Gated variants multiply by a second, linear match.
-SCORES = {name: _READS[read] for name, read in
-          (("linear", "linear"), ("relu", "relu"), ("relu2", "relu2"), ("gelu", "gelu"), ("swiglu", "silu"))}
-GATED = {"swiglu"}
-MLPS = ("none", *SCORES)
-
-
-class MLP(nnx.Module):
-    """y = W_out s(W_in x): hidden units are keys, W_out rows their values."""
-
-    def __init__(self, width: int, hidden: int, score: str, *, bias: bool, rngs: nnx.Rngs):
-        self.score = score
-        n_in = 2 * hidden if score in GATED else hidden
-        self.w_in = linear(width, n_in, bias=bias, rngs=rngs)
-        self.w_out = linear(hidden, width, bias=bias, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """The hidden activation, the key that W_out reads (Chapter 14), is sown as `hidden`."""
-        h = self.w_in(x)
-        if self.score in GATED:
-            h, gate = jnp.split(h, 2, axis=-1)
-            h = SCORES[self.score](h) * gate
-        else:
-            h = SCORES[self.score](h)
-        self.sow(nnx.Intermediate, "hidden", h, capture_noop=True)
-        return self.w_out(h)
 
 
 @jax.custom_vjp

@@ -4,8 +4,8 @@ Each dataclass holds its group's defaults (tmem.config stores them as the
 Hydra nodes the YAML files extend) and checks its own fields in
 `__post_init__`, raising a ValueError that names the field; tmem.config's
 `validate` turns a composed YAML into these and reports every problem as one
-ConfigError line. Task and mixer schemas live beside their code (tasks.TASKS,
-tmem.mixers.CONFIGS).
+ConfigError line. Task, mixer and MLP schemas live beside their code (tasks.TASKS,
+tmem.mixers.CONFIGS, tmem.mlps.CONFIGS).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tmem.layers import MLPS, NORMS
+from tmem.layers import NORMS
 from tmem.mixers import MixerConfig
+from tmem.mlps import MLPConfig
 
 
 def _choice(field: str, value: Any, allowed) -> None:
@@ -69,17 +70,6 @@ class ModelConfig:
         _choice("model.norm", self.norm, NORMS)
         _choice("model.norm_position", self.norm_position, ("pre", "post"))
         _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
-
-
-@dataclasses.dataclass(frozen=True)
-class MLPConfig:
-    name: str = "none"
-    expansion: float = 4.0  # hidden units per model width
-    bias: bool = False
-
-    def __post_init__(self):
-        _choice("mlp.name", self.name, MLPS)
-        _positive(**{"mlp.expansion": self.expansion})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +223,7 @@ class Config:
     task: Any  # a task's dataclass (tasks.TASKS)
     mixer: MixerConfig
     model: ModelConfig
-    mlp: MLPConfig
+    mlp: MLPConfig  # one of tmem.mlps.CONFIGS
     optim: OptimConfig
     logger: LoggerConfig
     train: TrainConfig

@@ -39,7 +39,6 @@ LOG_SIGMOID = (8, 9)
 SOFTMAX = (4, 6)
 L2_NORMALIZE = (3, 5)  # tmem.layers.l2_normalize and its written-out backward
 L2_UNIT = (3, 8)  # attention._unit, differentiated by XLA
-SCORE_FUNCTIONS = {"linear": (0, 0), "relu": (1, 2), "relu2": (2, 5), "gelu": GELU, "swiglu": SILU}
 FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
 # DPFP per element of its input: relu([x, -x]), then for each of its nu shifts the product of r with r rolled
 # (2 elements out per element in; XLA recomputes relu(-x) inside that fusion) and the product's gradients

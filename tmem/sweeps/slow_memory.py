@@ -1,4 +1,4 @@
-"""How many facts a trained MLP holds, per score function: the memorize sweep, gathered.
+"""How many facts a trained MLP holds, per score function and kind of MLP: the memorize sweep, gathered.
 
     python train.py -m experiment=memorize                   # the sweep (configs/experiment/memorize.yaml)
     python -m tmem.sweeps.slow_memory multirun/<date>/<time> [--out DIR]
@@ -7,7 +7,9 @@ Reads every finished memorize run under the directories (summary.json beside
 .hydra/config.yaml) and writes `slow_memory.csv`, `.png` and `.svg`: facts
 stored (argmax correct over the facts themselves) and bits per parameter
 (facts x log2 of the value vocabulary over the MLP's parameters) against the
-MLP's parameters, one line per score function, beside the random-key
+MLP's parameters, one line per score function (or per mixture of experts and
+product-key memory, with the parameters a token uses, `active_params`,
+beside all of them), and for a dense MLP the random-key
 capacity of the same read at the model width (Chapter 5's exact-moment
 theory; SwiGLU with its gate tied to its keys). A memory of m hidden units
 holds at most m random pairs that way, so the random-key count is
@@ -23,23 +25,29 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tmem.layers import GATED
+from tmem.config import parse_group
 from tmem.memory.capacity import capacity_theory
+from tmem.mlps import CONFIGS, DenseConfig, MLPConfig, MoEConfig, PKMConfig
+from tmem.mlps.dense import hidden_units
 from tmem.sweeps.command import Drawn, gather_command
 from tmem.sweeps.runs import find_runs, read_each, summary
 from tmem.train.checkpoint import Checkpoints
 
 # the score function of an MLP -> the store of the capacity table with the same read
-READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "gelu": "gelu", "swiglu": "swiglu"}
-COLUMNS = ["score", "width", "hidden", "mlp_params", "num_facts", "num_values", "chance_facts", "facts_stored",
-           "accuracy", "bits_per_param", "random_key_capacity", "random_key_facts", "status", "steps", "gain_last_quarter",
-           "converged", "wall_seconds", "run_dir"]
+READ_OF_SCORE = {"linear": "hebbian", "relu": "relu", "relu2": "relu2", "relu3": "relu3", "gelu": "gelu",
+                 "swiglu": "swiglu"}
+COLUMNS = ["score", "width", "hidden", "active_params", "mlp_params", "num_facts", "num_values", "chance_facts",
+           "facts_stored", "accuracy", "bits_per_param", "random_key_capacity", "random_key_facts", "status", "steps",
+           "gain_last_quarter", "converged", "wall_seconds", "run_dir"]
 
 
-def mlp_params(width: int, hidden: int, score: str, bias: bool) -> int:
-    """Parameters of y = W_out s(W_in x): the gated scores' W_in has two halves."""
-    n_in = 2 * hidden if score in GATED else hidden
-    return width * n_in + hidden * width + ((n_in + width) if bias else 0)
+def label(mlp: MLPConfig) -> str:
+    """A line of the figure: the score function of a dense MLP, or the mixture's or memory's shape."""
+    if isinstance(mlp, MoEConfig):
+        return f"moe {mlp.score} top{mlp.top_k}/{mlp.experts}"
+    if isinstance(mlp, PKMConfig):
+        return f"pkm {mlp.keys}^2 top{mlp.top_k}"
+    return mlp.name
 
 
 def _accuracy_history(run_dir: Path) -> dict[int, float]:
@@ -55,9 +63,10 @@ def read_run(run_dir: Path) -> dict | None:
     if cfg.task.name != "memorize" or cfg.mlp.name == "none":
         return None
     fields = summary(run_dir)
-    d, score = int(cfg.model.width), str(cfg.mlp.name)
-    hidden = int(round(cfg.mlp.expansion * d))
-    params = mlp_params(d, hidden, score, bool(cfg.mlp.bias))
+    d, mlp = int(cfg.model.width), parse_group("mlp", CONFIGS[cfg.mlp.name], cfg.mlp)
+    active, params = mlp.parameters(d)
+    dense = isinstance(mlp, DenseConfig)
+    hidden = hidden_units(mlp.expansion, d) if dense else None
     F, n_values = int(cfg.task.num_facts), int(cfg.task.num_values)
     accuracy = float(fields["eval/accuracy"])
     stored = int(round(accuracy * F))
@@ -68,12 +77,14 @@ def read_run(run_dir: Path) -> dict | None:
         quarter = [s for s in steps if s <= steps[-1] * 3 / 4]
         if quarter:
             gain = int(round((history[steps[-1]] - history[quarter[-1]]) * F))
-    cap = capacity_theory(READ_OF_SCORE[score], d)
+    cap = capacity_theory(READ_OF_SCORE[mlp.name], d) if dense else None
     return {
-        "score": score, "width": d, "hidden": hidden, "mlp_params": params, "num_facts": F,
+        "score": label(mlp), "width": d, "hidden": hidden, "active_params": active, "mlp_params": params,
+        "num_facts": F,
         "num_values": n_values, "chance_facts": F / n_values, "facts_stored": stored, "accuracy": accuracy,
         "bits_per_param": stored * math.log2(n_values) / params,
-        "random_key_capacity": round(cap, 1), "random_key_facts": int(min(hidden, cap)),
+        "random_key_capacity": None if cap is None else round(cap, 1),
+        "random_key_facts": None if cap is None else int(min(hidden, cap)),
         "status": fields.get("status"), "steps": fields.get("steps"), "gain_last_quarter": gain,
         "converged": stored == F or (gain is not None and gain < 0.01 * F),
         "wall_seconds": fields.get("wall_seconds"), "run_dir": str(run_dir),
@@ -97,7 +108,11 @@ def figure(rows: list[dict]):
         p = [r["mlp_params"] for r in rs]
         c = colormaps["tab10"](i % 10)
         ax_f.plot(p, [max(r["facts_stored"], 0.8) for r in rs], "o-", color=c, label=s)
-        ax_f.plot(p, [r["random_key_facts"] for r in rs], "--", color=c, lw=0.8, marker="o", mfc="none", ms=4)
+        if rs[0]["random_key_facts"] is not None:
+            ax_f.plot(p, [r["random_key_facts"] for r in rs], "--", color=c, lw=0.8, marker="o", mfc="none", ms=4)
+        if any(r["active_params"] != r["mlp_params"] for r in rs):  # the same facts at the parameters a token uses
+            ax_f.plot([r["active_params"] for r in rs], [max(r["facts_stored"], 0.8) for r in rs], "^", color=c,
+                      mfc="none", ms=6)
         ax_b.plot(p, [r["bits_per_param"] for r in rs], "o-", color=c, label=s)
         for r in rs:
             if not r["converged"]:
@@ -106,7 +121,8 @@ def figure(rows: list[dict]):
         ax_f.axhline(rows[0]["num_facts"], color="k", ls=":", lw=1)
         ax_f.axhline(rows[0]["chance_facts"], color="grey", ls=":", lw=1)
     ax_f.set(xscale="log", yscale="log", xlabel="MLP parameters", ylabel="facts stored (argmax correct)",
-             title="trained (solid) vs random keys, min(m, capacity) (dashed);\ndotted: all facts, chance")
+             title="trained (solid; triangles: at active parameters) vs random keys,\nmin(m, capacity) (dashed); "
+                   "dotted: all facts, chance")
     ax_b.set(xscale="log", xlabel="MLP parameters", ylabel="bits per parameter",
              title=f"facts x log2({rows[0]['num_values'] if rows else 'V'}) / parameters")
     ticks = sorted({r["mlp_params"] for r in rows})
@@ -130,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return code
     for r in rows:
-        print(f"{r['score']:>7} hidden {r['hidden']:>4} params {r['mlp_params']:>6}: {r['facts_stored']:>5} facts, "
+        size = f"hidden {r['hidden']:>4}" if r["hidden"] is not None else f"active {r['active_params']:>5}"
+        print(f"{r['score']:>7} {size} params {r['mlp_params']:>6}: {r['facts_stored']:>5} facts, "
               f"{r['bits_per_param']:.2f} bits/param (random keys {r['random_key_facts']})"
               f"{'' if r['converged'] else ' (not converged)'}")
     print(f"csv:    {out / 'slow_memory.csv'}")

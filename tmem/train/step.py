@@ -10,6 +10,7 @@ import optax
 from flax import nnx, struct
 
 from tasks import Batch, Cursor, draw, draw_rows, rows
+from tmem.mlps import with_auxiliary_losses
 from tmem.schema import split_batch
 from tmem.train.mesh import summed_over_devices
 
@@ -47,7 +48,10 @@ def batch_key(state: TrainState) -> jax.Array:
 def make_loss(graphdef, task, compute_dtype: str = "float32"):
     """(params, rest, batch) -> (loss, metrics). With compute_dtype bfloat16 the floating parameters are cast for
     the forward pass (so activations and matmuls run in bfloat16, and the gradients reach the float32 parameters
-    through the cast) and the loss reads the outputs in float32."""
+    through the cast) and the loss reads the outputs in float32.
+
+    The loss differentiated is the task's plus the auxiliary losses its layers sow (the mixture of experts'
+    load balancing, tmem.mlps.base), each reported as a metric of its own; the `loss` metric stays the task's."""
     dtype = jnp.dtype(compute_dtype)
 
     def loss_fn(params, rest, batch: Batch):
@@ -56,10 +60,15 @@ def make_loss(graphdef, task, compute_dtype: str = "float32"):
         model = nnx.merge(graphdef, params, rest)
         if dtype != jnp.float32:
             computing_in(model, dtype)
-        outputs = model(batch.inputs, positions=batch.positions)
-        return task.loss(outputs.astype(jnp.float32), batch)
+        outputs, auxiliary, sown = with_auxiliary_losses(forward, model)(batch)
+        loss, metrics = task.loss(outputs.astype(jnp.float32), batch)
+        return (loss, metrics) if auxiliary is None else (loss + auxiliary, {**metrics, **sown})
 
     return loss_fn
+
+
+def forward(model, batch: Batch):
+    return model(batch.inputs, positions=batch.positions)
 
 
 def computing_in(model: nnx.Module, dtype) -> None:
