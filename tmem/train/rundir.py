@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from tmem.command import check_group_overrides, compose_command, overrides_of
-from tmem.config import CONFIG_DIR, ConfigError, validate
+from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
 RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
@@ -82,7 +82,7 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     validate(composed)
     if _rank(composed) != 0:
         return _follower(args, "hydra.run.dir", given)
-    resolved = OmegaConf.to_container(composed, resolve=True)
+    resolved = saved_form(composed)
     if resume and holds_run(run_dir):
         check_resume(run_dir, resolved)
         lock(run_dir)
@@ -180,7 +180,7 @@ def saved_config(run_dir: Path) -> dict | None:
     saved = Checkpoints(Path(run_dir) / "checkpoints").config()
     record = Path(run_dir) / ".hydra" / "config.yaml"
     if saved is None and record.is_file():
-        saved = OmegaConf.to_container(OmegaConf.load(record), resolve=True)
+        saved = saved_form(OmegaConf.load(record))  # a hybrid's entries written out as a checkpoint holds them
     return saved
 
 
