@@ -348,3 +348,14 @@ def test_every_part_is_named_and_the_total_is_their_sum():
     assert set(counts) == {"embed/unembed", "norms", "mixer/projections", "mixer/conv", "mixer/gates",
                            "mixer/memory", "mlp", "residual", "loss", "optimizer", "total"}
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [("model.mixers=[{name:gated_deltanet,chunk:64},softmax]",), ("model=based",)],
+                         ids=["gated_deltanet+softmax", "based"])
+def test_the_count_of_a_hybrid_matches_xla(overrides):
+    """Each layer counted as its row counts its own: Gated DeltaNet beside softmax, and Based (a softmax window
+    beside linear attention with the Taylor map, d_phi = 273)."""
+    overrides = ("train.microbatch=null", *overrides)
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{overrides}: analytic {analytic:.4g}, XLA {xla:.4g}"

@@ -23,7 +23,8 @@ class Block(nnx.Module):
         # shortformer positions reach only a mixer with query and key inputs (in a hybrid, not every layer's has)
         self.takes_qk_positions = mixer.takes_qk_positions
         self.mixer_norm = make_norm(norm, width, rngs)
-        self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope", rngs=rngs)
+        # RoPE rotates the layers that apply it (a hybrid may have others, which would refuse it)
+        self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope" and mixer.applies_rope, rngs=rngs)
         if mlp.name != "none":
             self.mlp_norm = make_norm(norm, width, rngs)
             self.mlp = MLP(width, int(round(mlp.expansion * width)), mlp.name, bias=mlp.bias, rngs=rngs)
@@ -77,7 +78,8 @@ class Backbone(nnx.Module):
     @property
     def head_counts(self) -> tuple[int, ...]:
         """Each application's head count, the length of its head mask (None for a layer without heads)."""
-        return tuple(getattr(self.blocks[i % len(self.blocks)].mixer, "heads", None) for i in range(self.depth))
+        layers = [getattr(self.blocks[i % len(self.blocks)].mixer, "cfg", None) for i in range(self.depth)]
+        return tuple(getattr(layer, "heads", None) for layer in layers)
 
     def stack(self, x_btd: jax.Array, *, states: list[MixerState] | None = None, head_mask=None, read_at=None):
         """The residual stream after the last application, and each application's final mixer state.

@@ -39,3 +39,10 @@ class Probe:
     needs_run: bool = True
     applies: Callable[[Any], str | None] = lambda cfg: None
     description: str = ""
+
+
+def mixers_other_than(row: str, cfg) -> str | None:
+    """The mixers of a run's layers that are not `row` ("a+b" for a hybrid's), else None: a probe that reads
+    one row's weights in every layer names what it cannot read."""
+    others = [layer.name for layer in cfg.layers if layer.name != row]
+    return "+".join(dict.fromkeys(others)) if others else None

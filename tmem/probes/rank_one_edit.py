@@ -30,7 +30,7 @@ from flax import nnx
 
 from tasks import heldout
 from tmem.memory.stores import rank_one_edit
-from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.base import Probe, ProbeInput, mixers_other_than
 
 DEFAULTS = {"edits": 32, "ridge": 1e-6, "steps": 2000, "lr": 0.05, "p_new": 0.6}
 
@@ -151,8 +151,8 @@ def _applies(cfg) -> str | None:
         return f"needs a memorize run, not {cfg.task.name!r}"
     if cfg.mlp.name == "none":
         return "the model has no MLP to edit"
-    if cfg.mixer.name != "none":
-        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {cfg.mixer.name!r}"
+    if others := mixers_other_than("none", cfg):
+        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
     return None
 
 
