@@ -53,7 +53,6 @@ none for DeltaNet's.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from collections import Counter
 
