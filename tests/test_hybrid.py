@@ -136,6 +136,7 @@ def test_a_hybrid_resumes_bit_exact_and_restores_from_its_saved_entries(tiny_cfg
     from tmem.train.checkpoint import Checkpoints
     from tmem.train.loop import run
     from tmem.train.restore import load_run
+    from tmem.train.rundir import check_resume
 
     common = (GDN_SOFTMAX, "train.steps=16", "train.early_stop=false", "train.checkpoint_every=8")
     for name, extra in (("straight", ()), ("resumed", ("train.stop_after=8",))):
@@ -145,6 +146,9 @@ def test_a_hybrid_resumes_bit_exact_and_restores_from_its_saved_entries(tiny_cfg
     assert run(cfg, tmp_path / "resumed", resolved)["resumed_from"] == 8
     saved = Checkpoints(tmp_path / "resumed" / "checkpoints").config()["model"]["mixers"]
     assert [entry["name"] for entry in saved] == ["gated_deltanet", "softmax"] and "chunk" in saved[0]  # in full
+    _, changed = tiny_cfg(*common, "model.mixers=[gated_deltanet,{name:softmax,window:8}]", "train.resume=true")
+    with pytest.raises(ConfigError, match=r"changes model\.mixers\.1\.window \(None -> 8\) from the run"):
+        check_resume(tmp_path / "resumed", changed)  # a changed entry is named by its field, in one line
     a, b = load_run(tmp_path / "straight"), load_run(tmp_path / "resumed")
     assert a.cfg.layers == b.cfg.layers == cfg.layers and a.step == b.step == 16
     jax.tree.map(np.testing.assert_array_equal, *(jax.tree.leaves(r.model) for r in (a, b)))

@@ -221,6 +221,10 @@ def _decay_end(resolved: dict) -> int | None:
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf by its dotted key; a hybrid's entries by their index (model.mixers.1.window), so a refused
+    resume names the one field it changes."""
+    if isinstance(tree, list) and tree and all(isinstance(v, dict) for v in tree):
+        tree = dict(enumerate(tree))
     if not isinstance(tree, dict):
         return {prefix[:-1]: tree}
     out: dict[str, Any] = {}
