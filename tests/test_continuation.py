@@ -88,7 +88,7 @@ def _read(model, inputs, splits):
     return full, jnp.concatenate(outs, 1), lengths
 
 
-# the quick subset: a cache with RoPE and a store in the vector model; the rest are slow (a fast-weight state,
+# the quick subset: a cache with RoPE, a store in the vector model, and a hybrid; the rest are slow (a fast-weight state,
 # whose model compiles for 6 s, continues quick in tests/test_chunked.py)
 QUICK = {"tokens-softmax-rope", "vectors-lsa", "hybrid-none"}
 

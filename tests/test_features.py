@@ -31,8 +31,8 @@ def test_widths_match_and_positive_maps_are_non_negative(name):
 
 @pytest.mark.parametrize("d", [1, 5, 16])
 def test_the_taylor_map_reads_the_second_order_expansion_of_the_exponential_kernel(d):
-    """phi(q).phi(k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) for every pair, with d_phi = 1 + d + d^2, in float64's
-    worth of agreement; the kernel is positive where q.k is far below zero too."""
+    """phi(q).phi(k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) for every pair, with d_phi = 1 + d + d^2, to float32's
+    rounding against the kernel in float64; the kernel is positive where q.k is far below zero too."""
     q, k = jax.random.normal(jax.random.key(1), (2, 7, d)) * 2.0
     k = k.at[0].set(-3.0 * q[0])  # one strongly negative pair
     phi_q, phi_k = feature_map("taylor", q), feature_map("taylor", k)

@@ -36,6 +36,8 @@ def test_entries_are_their_rows_yaml_with_the_mixer_groups_changes_and_their_own
     assert isinstance(softmax, SoftmaxConfig) and softmax.window == 8 and softmax.heads == 2  # the group's change
     assert isinstance(linear, FastWeightConfig) and linear.heads == 4 and linear.qk_norm == "l2"  # linear.yaml's
     assert config("model.mixers=[gated_deltanet,softmax]", "mixer.window=4").layers[1].window == 4
+    named = config("model=gated_deltanet_hybrid")  # one attention layer in four
+    assert [layer.name for layer in named.layers] == ["gated_deltanet"] * 3 + ["softmax"]
 
 
 @pytest.mark.parametrize("overrides,message", [
