@@ -12,9 +12,9 @@ import sys
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from tmem.config import ConfigError, validate
+from tmem.config import ConfigError, saved_form, validate
 from tmem.train import rundir
 from tmem.train.cluster import process_id, start
 from tmem.train.resolved import describe_config
@@ -25,9 +25,9 @@ log = logging.getLogger("train")  # Hydra's job logging: the console and <run di
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> dict:
     hydra_cfg = HydraConfig.get()
-    run_dir, resolved = hydra_cfg.runtime.output_dir, OmegaConf.to_container(cfg, resolve=True)
+    run_dir = hydra_cfg.runtime.output_dir
     try:
-        config = validate(cfg)
+        config, resolved = validate(cfg), saved_form(cfg)
         primary = process_id(config.cluster) == 0  # of a multi-process run, only rank 0 claims and records it
         if hydra_cfg.mode == RunMode.MULTIRUN and primary:  # a job of a sweep whose directory `prepare` claimed
             if config.train.resume and rundir.holds_run(run_dir):

@@ -116,11 +116,11 @@ def entry_devices(*overrides) -> int:
 @pytest.fixture
 def tiny_cfg():
     """Compose TINY (or another base list) plus overrides into a validated Config and its resolved dict."""
-    from tmem.config import validate
+    from tmem.config import saved_form, validate
 
     def make(*overrides, base=TINY):
         cfg = compose_config([*base, *overrides])
-        return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
+        return validate(cfg), saved_form(cfg)
 
     return make
 

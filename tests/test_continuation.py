@@ -36,6 +36,19 @@ def _chunked(mixer: str) -> list[str]:
                     else [])
 
 
+def _entry(mixer: str) -> str:
+    """A hybrid's entry for `mixer` with the knobs `_chunked` and `_with_heads` give a plain stack, in Hydra's
+    inline form: {name:mesa,heads:2,chunk:4}."""
+    knobs = [o.removeprefix("mixer.").replace("=", ":") for o in _chunked(mixer)]
+    heads = [] if mixer == "none" else ["heads:2"]
+    return "{" + ",".join([f"name:{mixer}", *heads, *knobs]) + "}"
+
+
+# each family of rows once inside a hybrid stack with softmax and Gated DeltaNet, every layer continuing from its
+# own kind of state (the fast-weight family is Gated DeltaNet's own)
+HYBRID_ROWS = ("hopfield", "lsa", "mesa", "ttt_linear", "titans", "none")
+
+
 # rows also read as a looped model (tied blocks, learned positions), one per kind of state: a looped model keeps
 # one state per application and learned positions need the token count, which is the backbone's part
 TIED_ROWS = {"softmax", "none", "retnet", "mesa", "ttt_linear"}
@@ -57,6 +70,13 @@ def cases() -> dict[str, list[str]]:
     # search are the same for a token in any call
     out.update({f"tokens-softmax-{name}": [*_with_heads(tokens, "softmax"), *mlp] for name, mlp in MLP_SWITCHES.items()
                 if name in ("moe", "pkm")})
+    for m in HYBRID_ROWS:
+        layers = ",".join(_entry(row) for row in (m, "softmax", "gated_deltanet"))
+        out[f"hybrid-{m}"] = [*tokens, f"model.mixers=[{layers}]", "model.depth=3"]
+    # a tied hybrid: one block per entry, the pattern looped, each application its own state
+    out["hybrid-tied-learned"] = [*tokens, f"model.mixers=[{_entry('gated_deltanet')},{_entry('softmax')}]",
+                                  "model.depth=3", "model.tie_blocks=true", "model.positions=learned"]
+    out["hybrid-based"] = [*tokens, "model=based"]
     return out
 
 
@@ -72,9 +92,9 @@ def _read(model, inputs, splits):
     return full, jnp.concatenate(outs, 1), lengths
 
 
-# the quick subset: a cache with RoPE and a store in the vector model; the rest are slow (a fast-weight state,
+# the quick subset: a cache with RoPE, a store in the vector model, and a hybrid; the rest are slow (a fast-weight state,
 # whose model compiles for 6 s, continues quick in tests/test_chunked.py)
-QUICK = {"tokens-softmax-rope", "vectors-lsa"}
+QUICK = {"tokens-softmax-rope", "vectors-lsa", "hybrid-none"}
 
 
 @pytest.mark.parametrize("case", quick_only(sorted(cases()), QUICK))

@@ -284,16 +284,17 @@ def test_the_count_of_a_recurrent_step_matches_xla(rule, decay, strength):
     assert analytic + copies == pytest.approx(xla, rel=0.01), f"analytic {analytic} + copies {copies}, XLA {xla}"
 
 
-@pytest.mark.parametrize("name,nu", [("elu", 1), ("relu", 1), ("dpfp", 1), ("dpfp", 3)])
-def test_the_feature_maps_cost_what_xla_counts(name, nu):
+@pytest.mark.parametrize("name,nu,d", [("elu", 1, 16), ("relu", 1, 16), ("dpfp", 1, 16), ("dpfp", 3, 16),
+                                       ("taylor", 1, 16), ("taylor", 1, 6)])
+def test_the_feature_maps_cost_what_xla_counts(name, nu, d):
     """Per element into the map, as the constants were measured: the forward alone, then the forward and the
-    backward (the map's vjp) less the forward. DPFP's grow by a constant with each shift."""
-    x = jax.ShapeDtypeStruct((64, 16), jnp.float32)
+    backward (the map's vjp) less the forward. DPFP's grow by a constant with each shift, Taylor's with d."""
+    x = jax.ShapeDtypeStruct((64, d), jnp.float32)
     phi = lambda x: feature_map(name, x, nu)  # noqa: E731
     g = jax.ShapeDtypeStruct(jax.eval_shape(phi, x).shape, jnp.float32)
     forward = flops_of(jax.jit(phi).lower(x))
     both = flops_of(jax.jit(lambda x, g: (phi(x), jax.vjp(phi, x)[1](g))).lower(x, g))
-    assert (forward / x.size, (both - forward) / x.size) == feature_map_cost(name, nu)
+    assert (forward / x.size, (both - forward) / x.size) == feature_map_cost(name, nu, d)
 
 
 @pytest.mark.slow
@@ -371,3 +372,14 @@ def test_a_mixture_counts_its_active_experts():
     moe = step_flops(config("mlp=moe", "mlp.expansion=1"))["mlp"]
     every_expert = step_flops(config("mlp=relu", "mlp.expansion=8"))["mlp"]
     assert 0.25 < moe / every_expert < 0.3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [("model.mixers=[{name:gated_deltanet,chunk:64},softmax]",), ("model=based",)],
+                         ids=["gated_deltanet+softmax", "based"])
+def test_the_count_of_a_hybrid_matches_xla(overrides):
+    """Each layer counted as its row counts its own: Gated DeltaNet beside softmax, and Based (a softmax window
+    beside linear attention with the Taylor map, d_phi = 273)."""
+    overrides = ("train.microbatch=null", *overrides)
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{overrides}: analytic {analytic:.4g}, XLA {xla:.4g}"

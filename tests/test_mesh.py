@@ -83,6 +83,11 @@ fixed = validate(compose_config([*TINY, "model.depth=1", "task.train_examples=32
 _, out["fixed_losses_1"], _ = train(one, fixed)
 _, out["fixed_losses_2"], out["fixed_collectives_2"] = train(two, fixed)
 
+# a hybrid stack, each layer its own row
+hybrid = validate(compose_config([*TINY, "model.mixers=[gated_deltanet,softmax]", "train.microbatch=4"]))
+_, out["hybrid_losses_1"], _ = train(one, hybrid)
+_, out["hybrid_losses_2"], out["hybrid_collectives_2"] = train(two, hybrid)
+
 # the held-out evaluation: each device 25 examples a pass (60 examples: on one device three passes, the last 10
 # padded to 25; on two, two passes of 50, the last 10 padded to 50)
 graphdef = build(cfg).graphdef
@@ -153,6 +158,8 @@ def test_two_devices_train_as_one(two_devices):
     assert out["collectives_1"] == 0 and out["collectives_2"] == 1
     np.testing.assert_allclose(out["fixed_losses_2"], out["fixed_losses_1"], rtol=1e-5)
     assert out["fixed_collectives_2"] == 1
+    np.testing.assert_allclose(out["hybrid_losses_2"], out["hybrid_losses_1"], rtol=1e-5)
+    assert out["hybrid_collectives_2"] == 1
     assert out["eval_2"].keys() == out["eval_1"].keys() and "loss" in out["eval_1"]
     for k, v in out["eval_1"].items():
         assert abs(out["eval_2"][k] - v) <= 1e-5 * max(1.0, abs(v)), k

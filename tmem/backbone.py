@@ -21,8 +21,11 @@ class Block(nnx.Module):
     def __init__(self, width: int, *, norm: str, mixer: MixerConfig, mlp: MLPConfig, positions: str,
                  rngs: nnx.Rngs, post_norm: bool = False):
         self.post_norm = post_norm
+        # shortformer positions reach only a mixer with query and key inputs (in a hybrid, not every layer's has)
+        self.takes_qk_positions = mixer.takes_qk_positions
         self.mixer_norm = make_norm(norm, width, rngs)
-        self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope", rngs=rngs)
+        # RoPE rotates the layers that apply it (a hybrid may have others, which would refuse it)
+        self.mixer = layer_of(mixer)(mixer, width, rope=positions == "rope" and mixer.applies_rope, rngs=rngs)
         layer = mlp_layer(mlp)
         if layer is not None:
             self.mlp_norm = make_norm(norm, width, rngs)
@@ -32,6 +35,7 @@ class Block(nnx.Module):
 
     def __call__(self, x_btd, *, state=None, head_mask=None, read_at=None, qk_positions=None):
         """With read_at [B, Q], the block's output only at those positions (the mixer reads only there)."""
+        qk_positions = qk_positions if self.takes_qk_positions else None
         if self.post_norm:
             y, state = self.mixer(x_btd, state=state, head_mask=head_mask, read_at=read_at,
                                   qk_positions=qk_positions)
@@ -59,25 +63,34 @@ class Backbone(nnx.Module):
     A learned table is added to the residual stream; shortformer's is added only
     to every mixer's query and key inputs, so later layers cannot read position
     from what earlier ones wrote. With tie_blocks one block is applied `depth`
-    times (a looped model), each application keeping a state of its own. The
-    residual stream after each application is sown as the `residual` intermediate.
+    times (a looped model), each application keeping a state of its own. A
+    hybrid (model.mixers) gives each block its entry of the pattern, cycled over
+    the depth; tied, one block per entry, the pattern looped. The residual
+    stream after each application is sown as the `residual` intermediate.
     """
 
     def __init__(self, model: ModelConfig, mixer: MixerConfig, mlp: MLPConfig, max_len: int, *, rngs: nnx.Rngs):
         self.depth, self.positions = model.depth, model.positions  # positions: resolved by validation, never auto
         self.pos_embed = (nnx.Param(nnx.initializers.normal(model.pos_std)(rngs.params(), (max_len, model.width)))
                           if self.positions in ("learned", "shortformer") else None)
-        parts = dict(norm=model.norm, mixer=mixer, mlp=mlp, positions=self.positions,
-                     post_norm=model.norm_position == "post")
-        self.blocks = nnx.List([Block(model.width, **parts, rngs=rngs)
-                                for _ in range(1 if model.tie_blocks else model.depth)])
+        parts = dict(norm=model.norm, mlp=mlp, positions=self.positions, post_norm=model.norm_position == "post")
+        self.blocks = nnx.List([Block(model.width, mixer=layer, **parts, rngs=rngs)
+                                for layer in model.layer_mixers(mixer)])
+
+    @property
+    def head_counts(self) -> tuple[int, ...]:
+        """Each application's head count, the length of its head mask (None for a layer without heads)."""
+        layers = [getattr(self.blocks[i % len(self.blocks)].mixer, "cfg", None) for i in range(self.depth)]
+        return tuple(getattr(layer, "heads", None) for layer in layers)
 
     def stack(self, x_btd: jax.Array, *, states: list[MixerState] | None = None, head_mask=None, read_at=None):
         """The residual stream after the last application, and each application's final mixer state.
 
         states: one per application, from an earlier call, to continue it (its
         positions start at the states' token count). head_mask [depth, heads]:
-        multipliers of each head's read (0 ablates). read_at [B, Q]: the last
+        multipliers of each head's read (0 ablates); a hybrid whose layers have
+        different head counts takes a list, one [heads] per application
+        (`head_counts`). read_at [B, Q]: the last
         application reads only there, all the loss needs when it scores a few positions.
         """
         if states is not None and len(states) != self.depth:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
@@ -36,18 +36,19 @@ def task_target(name: str) -> float | None:
 OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)
 
 
-def resolve_auto(model: ModelConfig, mixer: MixerConfig, task) -> ModelConfig:
+def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> ModelConfig:
     """The model's "auto" settings made concrete, once, so no module guesses them later.
 
-    Positions: shortformer where the mixer takes query and key inputs (on MQAR
-    it trains faster than RoPE and costs less per step), none elsewhere:
-    recurrent mixers know order from their recurrence, and the in-context
-    regression prompt of a vector task is a set of pairs. Read-in (vector
-    tasks): identity when the width is the token size, else learned.
+    Positions: shortformer where a layer's mixer takes query and key inputs (on
+    MQAR it trains faster than RoPE and costs less per step; in a hybrid only
+    those layers receive them), none elsewhere: recurrent mixers know order
+    from their recurrence, and the in-context regression prompt of a vector
+    task is a set of pairs. Read-in (vector tasks): identity when the width is
+    the token size, else learned.
     """
     vectors = task.input_kind == "vectors"
     if model.positions == "auto":
-        qk = not vectors and mixer.takes_qk_positions
+        qk = not vectors and any(layer.takes_qk_positions for layer in layers)
         model = dataclasses.replace(model, positions="shortformer" if qk else "none")
     if vectors and model.read_in == "auto":
         model = dataclasses.replace(model, read_in="identity" if model.width == task.token_dim else "learned")
@@ -98,6 +99,66 @@ def _mixer_type(node: Any) -> type[MixerConfig]:
         raise ConfigError(str(e)) from None
 
 
+def row_node(name: str) -> dict:
+    """configs/mixer/<name>.yaml as Hydra composes it (its base from the ConfigStore), every field written out."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside train.py's Hydra app, or a caller's compose context
+        return OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True)
+
+
+def hybrid_entries(cfg: DictConfig) -> list[dict]:
+    """model.mixers written out in full (none for a plain stack): each entry its row's YAML, then what the
+    command line or an experiment changed in the mixer group when the group names the same row, then the
+    entry's own knobs. So `mixer.heads=2` (the mixer group is softmax unless chosen) reaches the softmax layers
+    of a hybrid, and a change the hybrid has no layer of that row for is refused."""
+    entries = cfg.model.get("mixers") or []
+    if not entries:
+        return []
+    if not isinstance(entries, ListConfig):
+        raise ConfigError(f"model.mixers={entries!r} must be a list of rows: [gated_deltanet,softmax]")
+    group = OmegaConf.to_container(cfg.mixer, resolve=True) if isinstance(cfg.get("mixer"), DictConfig) else {}
+    own = row_node(group["name"]) if group.get("name") in CONFIGS else group
+    changes = {k: v for k, v in group.items() if own.get(k) != v}
+    full = []
+    for i, entry in enumerate(entries):
+        knobs = OmegaConf.to_container(entry, resolve=True) if isinstance(entry, DictConfig) else {"name": entry}
+        if knobs.get("name") not in CONFIGS:
+            raise ConfigError(f"model.mixers[{i}].name={knobs.get('name')!r} is not one of: {', '.join(CONFIGS)}")
+        row = row_node(knobs["name"])
+        full.append(OmegaConf.to_container(OmegaConf.merge(row, changes if row["name"] == group["name"] else {},
+                                                           knobs)))
+    if changes and group["name"] not in [entry["name"] for entry in full]:
+        field, value = next(iter(changes.items()))
+        raise ConfigError(f"mixer.{field}={value!r} changes {group['name']}, which model.mixers has no layer of: "
+                          f"give it in an entry, e.g. 'model.mixers=[{{name:{full[0]['name']},{field}:...}},...]'")
+    return full
+
+
+def saved_form(cfg: DictConfig) -> dict:
+    """The composed config as a run saves and compares it on resume: resolved, a hybrid's entries written out in
+    full, so the run restores as it trained whatever its rows' YAML files say later."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    entries = hybrid_entries(cfg)
+    if entries:
+        resolved["model"]["mixers"] = entries
+    return resolved
+
+
+def _fitted(section: str, node: Any, task, width: int) -> MixerConfig:
+    """A mixer's node parsed into its row's config and fitted to the task and width; its errors name `section`."""
+    mixer = parse_group(section, _mixer_type(node), node, drop=(ROW_KEY,))
+    try:
+        mixer = mixer.fit(task, width)
+        mixer.check(width)
+        return mixer
+    except ValueError as e:
+        raise ConfigError(str(e).replace("mixer.", f"{section}.")) from None
+
+
 def validate(cfg: DictConfig) -> Config:
     """Check a composed config and return it typed; raises ConfigError."""
     for section in ("task", "mixer", "mlp", *_FIXED):
@@ -105,13 +166,18 @@ def validate(cfg: DictConfig) -> Config:
             raise ConfigError(f"{section}: missing config group")
     task_name = _registered("task", cfg.task, TASKS)
     task = parse_group("task", TASKS[task_name], cfg.task, drop=("name",))
-    mixer = parse_group("mixer", _mixer_type(cfg.mixer), cfg.mixer, drop=(ROW_KEY,))
     mlp = parse_group("mlp", MLP_CONFIGS[_registered("mlp", cfg.mlp, MLP_CONFIGS)], cfg.mlp)
-    fixed = {section: parse_group(section, schema, cfg[section]) for section, schema in _FIXED.items()}
-    try:
-        mixer = mixer.fit(task, fixed["model"].width)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    fixed = {section: parse_group(section, schema, cfg[section], drop=("mixers",) if section == "model" else ())
+             for section, schema in _FIXED.items()}
+    width = fixed["model"].width
+    entries = hybrid_entries(cfg)
+    if entries:
+        layers = tuple(_fitted(f"model.mixers[{i}]", OmegaConf.create(node), task, width)
+                       for i, node in enumerate(entries))
+        fixed["model"] = dataclasses.replace(fixed["model"], mixers=layers)
+        mixer = lead(layers)
+    else:
+        mixer = _fitted("mixer", cfg.mixer, task, width)
     fixed["optim"] = _recommended(fixed["optim"], mixer)
     if fixed["train"].microbatch == "auto":
         try:
@@ -121,7 +187,14 @@ def validate(cfg: DictConfig) -> Config:
     cluster = parse_group("cluster", ClusterConfig, cfg.cluster) if "cluster" in cfg else ClusterConfig()
     config = Config(task=task, mixer=mixer, mlp=mlp, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)
-    return dataclasses.replace(config, model=resolve_auto(config.model, mixer, task))
+    return dataclasses.replace(config, model=resolve_auto(config.model, config.layers, task))
+
+
+def lead(layers: tuple[MixerConfig, ...]) -> MixerConfig:
+    """The entry of a hybrid whose recommended recipe (rate, schedule, microbatch) trains the whole stack: the
+    one with the smallest rate, the first of equals. One model takes one rate, and a rate too high for one of
+    its layers can diverge the whole stack, where one too low for another only slows it."""
+    return min(layers, key=lambda layer: float("inf") if layer.lr is None else layer.lr)
 
 
 def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
@@ -140,10 +213,13 @@ def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
 def _check_together(cfg: Config) -> None:
     """Constraints between groups."""
     try:
-        cfg.mixer.check(cfg.model.width)
         cfg.mlp.check(cfg.model.width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    pattern = cfg.model.mixers
+    if len(pattern) > cfg.model.depth:
+        raise ConfigError(f"model.mixers has {len(pattern)} entries but model.depth={cfg.model.depth}: every entry "
+                          f"needs a layer; set model.depth to {len(pattern)} or more")
     examples = getattr(cfg.task, "train_examples", None)
     if examples is not None and examples < 1:
         raise ConfigError(f"task.train_examples={examples} must be at least 1 (or null: fresh examples every step)")
@@ -151,10 +227,12 @@ def _check_together(cfg: Config) -> None:
     if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
         raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "
                           "with model.read_in=identity (or use model.read_in=learned)")
-    if cfg.model.positions == "rope" and not cfg.mixer.applies_rope:
-        raise ConfigError(f"model.positions=rope: mixer {cfg.mixer.name!r} does not apply RoPE; use learned or none")
-    if cfg.model.positions == "shortformer" and not cfg.mixer.takes_qk_positions:
-        raise ConfigError(f"model.positions=shortformer: mixer {cfg.mixer.name!r} has no query and key inputs "
+    # a hybrid's layers that do not apply them go without (a recurrent layer knows order from its recurrence)
+    names = "+".join(dict.fromkeys(layer.name for layer in cfg.layers))
+    if cfg.model.positions == "rope" and not any(layer.applies_rope for layer in cfg.layers):
+        raise ConfigError(f"model.positions=rope: mixer {names!r} does not apply RoPE; use learned or none")
+    if cfg.model.positions == "shortformer" and not any(layer.takes_qk_positions for layer in cfg.layers):
+        raise ConfigError(f"model.positions=shortformer: mixer {names!r} has no query and key inputs "
                           "to add positions to; use learned or none")
     uneven = isinstance(cfg.cluster.cpu_devices, int) and cfg.train.uneven(cfg.cluster.cpu_devices)
     if uneven:

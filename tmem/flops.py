@@ -52,6 +52,7 @@ none for DeltaNet's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -96,9 +97,10 @@ def step_flops(cfg, loop_bodies_once: bool = False) -> dict[str, float]:
         parts["embed/unembed"] += token_head(m, B, T, reads, task.vocab_size)
     if m.positions == "learned":
         parts["embed/unembed"] += 2 * B * T * D  # the add, and the table's gradient summed over the batch
-    for layer in range(m.depth):
+    for layer, mixer in enumerate(cfg.layers):  # a hybrid's layers each counted as their row counts its own
         last = layer == m.depth - 1
-        parts.update(block(cfg, B, T, Q if last else None, layer > 0 or trained_input, loop_bodies_once))
+        parts.update(block(dataclasses.replace(cfg, mixer=mixer), B, T, Q if last else None,
+                           layer > 0 or trained_input, loop_bodies_once))
     parts["loss"] += B * reads * (TOKEN_LOSS * loss_logits(task) if task.input_kind == "tokens" else 7)
     parts["optimizer"] += optimizer(cfg)
     parts = {name: float(flops) for name, flops in parts.items() if flops}

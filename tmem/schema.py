@@ -18,6 +18,11 @@ from tmem.mixers import MixerConfig
 from tmem.mlps import MLPConfig
 
 
+def cycled(pattern: tuple, n: int) -> tuple:
+    """The first n entries of `pattern` repeated: layer i of a hybrid stack is entry i mod the pattern's length."""
+    return tuple(pattern[i % len(pattern)] for i in range(n))
+
+
 def _choice(field: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not one of: {', '.join(map(str, allowed))}")
@@ -62,7 +67,13 @@ class ModelConfig:
     # learned: a linear read-in to the width and a linear read-out after the final norm;
     # auto: identity when the width is the token size, else learned (resolved by validation).
     read_in: str = "auto"
-    tie_blocks: bool = False  # one block applied `depth` times (a looped model), each application with its own state
+    # with tie_blocks, one block applied `depth` times (a looped model), each application with its own state; in a
+    # hybrid, one block per entry of model.mixers, the pattern looped
+    tie_blocks: bool = False
+    # a hybrid stack: each layer's mixer, the list cycled over the depth (Zoology's Hybrid); each entry a row's name
+    # or a row with its own knobs ({name: softmax, window: 8}), composed from configs/mixer/<name>.yaml; validation
+    # makes them the rows' configs. Empty: every layer is the mixer group's
+    mixers: tuple[Any, ...] = ()
 
     def __post_init__(self):
         _positive(**{"model.width": self.width, "model.depth": self.depth})
@@ -70,6 +81,12 @@ class ModelConfig:
         _choice("model.norm", self.norm, NORMS)
         _choice("model.norm_position", self.norm_position, ("pre", "post"))
         _choice("model.read_in", self.read_in, ("auto", "identity", "learned"))
+
+    def layer_mixers(self, mixer: MixerConfig) -> tuple[MixerConfig, ...]:
+        """Each block's mixer config: model.mixers cycled over the blocks, else `mixer` in every one. One block per
+        application, or with tie_blocks one per entry of the pattern (which the applications then cycle over)."""
+        pattern = self.mixers or (mixer,)
+        return cycled(pattern, len(pattern) if self.tie_blocks else self.depth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +246,11 @@ class Config:
     train: TrainConfig
     name: str | None = None
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)  # absent from runs made before it
+
+    @property
+    def layers(self) -> tuple[MixerConfig, ...]:
+        """Each block application's mixer config (`depth` of them): the hybrid's pattern cycled, or `mixer`."""
+        return cycled(self.model.mixers or (self.mixer,), self.model.depth)
 
     @property
     def decay_end(self) -> int:

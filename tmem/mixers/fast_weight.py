@@ -85,7 +85,9 @@ class FastWeightConfig(MixerConfig):
     # the values' total width H d_v as a multiple of the model's, where value_width is None (Mamba-2's expand): 1
     # for fla's rows; Mamba-2's 1/2 pays for its B and C as wide as the model (configs/mixer/mamba2.yaml)
     expand: float = 1.0
-    feature_map: str = "identity"  # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k)
+    # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k) | taylor (Based's: 1 + d_k + d_k^2, its
+    # kernel 1 + q.k/sqrt(d_k) + (q.k)^2/(2 d_k) carries its own scale, so pair it with q_scale=1)
+    feature_map: str = "identity"
     dpfp_nu: int = 1
     normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
     q_scale: float | None = None  # None: d_phi^(-1/2)
@@ -155,7 +157,8 @@ class FastWeightConfig(MixerConfig):
         if self.forget_bias and self.decay != "vector":
             raise ValueError(f"mixer.forget_bias={self.forget_bias} needs decay=vector, whose gate it starts")
         if self.normalize and (self.rule != "add" or self.feature_map == "identity"):
-            raise ValueError("mixer.normalize needs rule=add and a non-negative feature map (elu, relu, dpfp)")
+            raise ValueError("mixer.normalize needs rule=add and a positive kernel (feature_map elu, relu, dpfp, "
+                             "taylor)")
 
     @property
     def groups(self) -> int:
@@ -221,7 +224,7 @@ class FastWeightConfig(MixerConfig):
         if c.short_conv:
             channels = 2 * G * d_key + H * d_v
             parts["mixer/conv"] += count.short_conv(B, T, channels, c.short_conv) + 2 * N * channels * c.conv_bias
-        gates = count.elementwise(2 * N * G * d_key, count.feature_map_cost(c.feature_map, c.dpfp_nu))
+        gates = count.elementwise(2 * N * G * d_key, count.feature_map_cost(c.feature_map, c.dpfp_nu, d_key))
         if c.qk_norm == "l2":
             gates += count.elementwise(2 * N * G * d_phi, count.L2_NORMALIZE)
         elif c.qk_norm == "rms":

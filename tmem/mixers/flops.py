@@ -43,6 +43,9 @@ FEATURE_MAPS = {"identity": (0, 0), "elu": (4, 7), "relu": (1, 2)}
 # DPFP per element of its input: relu([x, -x]), then for each of its nu shifts the product of r with r rolled
 # (2 elements out per element in; XLA recomputes relu(-x) inside that fusion) and the product's gradients
 DPFP, DPFP_SHIFT = (3, 5), (4, 12)
+# Based's Taylor map per element of its d-wide input, (1 + 2d, 1 + 5d): x / d^(1/4), then its row of x x^T and that
+# row's scale; backward, the scaled gradient and x x^T's (each coordinate's gradient reads its row and column)
+TAYLOR, TAYLOR_PER_KEY = (1, 1), (2, 5)
 # norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
 NORMS = {"layernorm": (7, 13, 4), "rmsnorm": (4, 9, 3), "none": (0, 0, 0)}
 
@@ -53,10 +56,13 @@ def norm(kind: str, n: int, input_grad: bool = True) -> int:
     return n * (fwd + (bwd if input_grad else params_only))
 
 
-def feature_map_cost(name: str, dpfp_nu: int) -> tuple[int, int]:
-    """(forward, backward) FLOPs per element of q or k going into the feature map; DPFP's grow with its shifts."""
+def feature_map_cost(name: str, dpfp_nu: int, d_key: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs per element of q or k going into the feature map; DPFP's grow with its shifts,
+    the Taylor map's with the key width d_key."""
     if name == "dpfp":
         return DPFP[0] + dpfp_nu * DPFP_SHIFT[0], DPFP[1] + dpfp_nu * DPFP_SHIFT[1]
+    if name == "taylor":
+        return TAYLOR[0] + d_key * TAYLOR_PER_KEY[0], TAYLOR[1] + d_key * TAYLOR_PER_KEY[1]
     return FEATURE_MAPS[name]
 
 

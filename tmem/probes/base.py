@@ -39,3 +39,10 @@ class Probe:
     needs_run: bool = True
     applies: Callable[[Any], str | None] = lambda cfg: None
     description: str = ""
+
+
+def mixers_without(cfg, has: Callable[[Any], bool]) -> str | None:
+    """The mixers of a run's layers whose config lacks what a probe reads, `has(config)` false ("a+b" for a
+    hybrid's), else None: a probe that reads one kind of layer in every layer names what it cannot read."""
+    others = [layer.name for layer in cfg.layers if not has(layer)]
+    return "+".join(dict.fromkeys(others)) if others else None

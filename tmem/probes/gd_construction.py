@@ -21,13 +21,14 @@ import numpy as np
 from tmem.memory.lsa import gd_construction
 from tmem.mixers.lsa import construction_weights
 from tmem.model import load_weights
+from tmem.probes.base import mixers_without
 
 
 def construction_applies(cfg) -> str | None:
     """None when the model can hold the construction, else why not."""
     m = cfg.model
-    if cfg.mixer.name != "lsa":
-        return f"mixer {cfg.mixer.name!r} is not linear self-attention"
+    if others := mixers_without(cfg, lambda m: m.name == "lsa"):
+        return f"mixer {others!r} is not linear self-attention"
     if m.read_in != "identity" or m.norm != "none" or cfg.mlp.name != "none":
         return "needs model.read_in=identity, model.norm=none and mlp=none (the paper's LSA-only model)"
     if cfg.mixer.layout != "prompt" or cfg.task.format != "vonoswald":

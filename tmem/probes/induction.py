@@ -22,7 +22,7 @@ import numpy as np
 
 from tasks import heldout
 from tmem.config import ConfigError
-from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.base import Probe, ProbeInput, mixers_without
 from tmem.probes.circuits import copying, head_weights, memory_recall
 from tmem.probes.formation import formation, formation_figure
 from tmem.probes.heads import forward_with_attention, head_scores, repeated_tokens, token_losses
@@ -224,8 +224,8 @@ def run(inp: ProbeInput):
 def _applies(cfg) -> str | None:
     if cfg.task.input_kind != "tokens":
         return f"needs a token task (it feeds repeated random tokens), not {cfg.task.name!r}"
-    if not cfg.mixer.attention_patterns:
-        return f"needs softmax attention (its patterns are what it scores), not mixer {cfg.mixer.name!r}"
+    if others := mixers_without(cfg, lambda m: m.attention_patterns):  # it indexes [layer, head] of every layer
+        return f"needs softmax attention in every layer (its patterns are what it scores), not mixer {others!r}"
     return None
 
 

@@ -31,7 +31,7 @@ from flax import nnx
 from tasks import heldout
 from tmem.memory.stores import rank_one_edit
 from tmem.mlps import DenseConfig
-from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.base import Probe, ProbeInput, mixers_without
 
 DEFAULTS = {"edits": 32, "ridge": 1e-6, "steps": 2000, "lr": 0.05, "p_new": 0.6}
 
@@ -154,8 +154,8 @@ def _applies(cfg) -> str | None:
         return "the model has no MLP to edit"
     if not isinstance(cfg.mlp, DenseConfig):
         return f"edits a dense MLP's output matrix; mlp={cfg.mlp.name} has none"
-    if cfg.mixer.mixes:
-        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {cfg.mixer.name!r}"
+    if others := mixers_without(cfg, lambda m: not m.mixes):
+        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
     return None
 
 

@@ -58,9 +58,10 @@ def stop_requests():
 
 def state_sizes(cfg: Config) -> tuple[int | None, int | None]:
     """Mixer state elements per sequence at the task's length (summed over layers), and per token."""
-    m, depth = cfg.mixer, cfg.model.depth
-    per_token = m.state_size_per_token(cfg.model.width)
-    return m.state_size(cfg.model.width, cfg.task.seq_len) * depth, None if per_token is None else per_token * depth
+    width = cfg.model.width
+    per_token = [layer.state_size_per_token(width) for layer in cfg.layers]  # a hybrid's layers, each its own
+    grows = [n for n in per_token if n is not None]
+    return sum(layer.state_size(width, cfg.task.seq_len) for layer in cfg.layers), sum(grows) if grows else None
 
 
 def run(cfg: Config, run_dir: Path, resolved: dict, sweep: dict | None = None) -> dict:

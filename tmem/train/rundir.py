@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from tmem.command import check_group_overrides, compose_command, overrides_of
-from tmem.config import CONFIG_DIR, ConfigError, validate
+from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate
 from tmem.mixers import config_type
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
@@ -80,7 +80,7 @@ def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     validate(composed)
     if _rank(composed) != 0:
         return _follower(args, "hydra.run.dir", given)
-    resolved = OmegaConf.to_container(composed, resolve=True)
+    resolved = saved_form(composed)
     if resume and holds_run(run_dir):
         check_resume(run_dir, resolved)
         lock(run_dir)
@@ -180,7 +180,7 @@ def saved_config(run_dir: Path) -> dict | None:
     saved = Checkpoints(Path(run_dir) / "checkpoints").config()
     record = Path(run_dir) / ".hydra" / "config.yaml"
     if saved is None and record.is_file():
-        saved = OmegaConf.to_container(OmegaConf.load(record), resolve=True)
+        saved = saved_form(OmegaConf.load(record))  # a hybrid's entries written out as a checkpoint holds them
     return saved
 
 
@@ -213,12 +213,19 @@ def check_resume(run_dir: Path, resolved: dict) -> None:
 
 
 def _mixer_resumable(resolved: dict) -> tuple[str, ...]:
-    """The mixer fields a resume may change, as the row's config marks them (tmem.mixers.base.resumable)."""
-    try:
-        schema = config_type(resolved.get("mixer") or {})
-    except ValueError as e:
-        raise ConfigError(f"train.resume: {e}") from None
-    return tuple(f"mixer.{f.name}" for f in dataclasses.fields(schema) if f.metadata.get("resumable"))
+    """The mixer fields a resume may change, as each row's config marks them (tmem.mixers.base.resumable): the
+    mixer group's, and each hybrid entry's (model.mixers.<i>.<field>, as `_flat` names them)."""
+    entries = (resolved.get("model") or {}).get("mixers") or []
+    nodes = [("mixer", resolved.get("mixer") or {}),
+             *((f"model.mixers.{i}", e) for i, e in enumerate(entries) if isinstance(e, dict))]
+    fields = []
+    for prefix, node in nodes:
+        try:
+            schema = config_type(node)
+        except ValueError as e:
+            raise ConfigError(f"train.resume: {e}") from None
+        fields += [f"{prefix}.{f.name}" for f in dataclasses.fields(schema) if f.metadata.get("resumable")]
+    return tuple(fields)
 
 
 def _decay_end(resolved: dict) -> int | None:
@@ -231,6 +238,10 @@ def _decay_end(resolved: dict) -> int | None:
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf by its dotted key; a hybrid's entries by their index (model.mixers.1.window), so a refused
+    resume names the one field it changes."""
+    if isinstance(tree, list) and tree and all(isinstance(v, dict) for v in tree):
+        tree = dict(enumerate(tree))
     if not isinstance(tree, dict):
         return {prefix[:-1]: tree}
     out: dict[str, Any] = {}
