@@ -133,7 +133,7 @@ def grouped_rows(index: jax.Array, experts: int, block: int):
 
 def grouped(x, index, gate, experts: dict, name: str, block: int) -> jax.Array:
     """The training form: each expert on its own assignments, in blocks (see the module's docstring)."""
-    (N, D), E = x.shape, experts["w_in"].shape[0]
+    (_, D), E = x.shape, experts["w_in"].shape[0]
     row, block_expert, token = grouped_rows(index, E, block)
     xs = x[token].reshape(block_expert.shape[0], block, D)
     pick = lambda name: None if experts.get(name) is None else experts[name][block_expert]  # noqa: E731
