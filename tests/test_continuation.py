@@ -53,6 +53,7 @@ def cases() -> dict[str, list[str]]:
             causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
             out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
     out["tokens-softmax-rope"] = [*_with_heads(tokens, "softmax"), "model.positions=rope"]
+    out["tokens-mesa-chunked"] = [*_with_heads(tokens, "mesa"), "mixer.form=chunked", "mixer.chunk=4"]
     return out
 
 
