@@ -81,8 +81,8 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
           f"{jax.device_count()} {jax.devices()[0].platform} device; batch {args.batch}; "
           f"overrides: {' '.join(args.overrides) or 'none'}", flush=True)
-    print(f"\n| row | T | peak MiB | arguments MiB | temporaries MiB | step ms | compile s |\n|---|---:|---:|---:|---:|---:|---:|",
-          flush=True)
+    print("\n| row | T | peak MiB | arguments MiB | temporaries MiB | step ms | compile s |\n"
+          "|---|---:|---:|---:|---:|---:|---:|", flush=True)
     cells = []
     for T in args.lengths:
         for row in args.rows:

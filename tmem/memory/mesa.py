@@ -19,14 +19,18 @@ with the sums, there is no rank-one recursion for (H_t + Lambda)^{-1}; the
 Sherman-Morrison recursion of Derivation D5 holds only with every gate open
 (a = beta = 1), where the read is recursive least squares (a test checks that).
 
-`parallel` is the training form (MesaNet's): H_t for every t computed at once
-(masked matmuls inside chunks, the state passed between chunks; at T <= chunk
-the masked quadratic form with no loop), then the T systems solved side by
-side, with a fixed number of conjugate-gradient steps (MesaNet's solver) or a
-batched Cholesky factorisation, and G read by the chunked linear-attention
-form with the solved x_t as queries. The conjugate-gradient solve is
-differentiated implicitly: its backward solves the adjoint system (the same
-matrix, symmetric) with the same number of steps, so no iterate is stored.
+`parallel` is the short sequences' training form: H_t for every t computed
+at once (masked matmuls inside chunks, the state passed between chunks; at
+T <= chunk the masked quadratic form with no loop), then the T systems solved
+side by side, with a fixed number of conjugate-gradient steps (MesaNet's
+solver) or a batched Cholesky factorisation, and G read by the chunked
+linear-attention form with the solved x_t as queries. It holds T matrices
+d_k x d_k. `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
+gradient): the same CG, each product H_t p_t made from the state entering
+t's chunk and the chunk's gated keys, so it holds one matrix per chunk. The
+conjugate-gradient solve, over matrices or over chunks, is differentiated
+implicitly: its backward solves the adjoint system (the same matrix,
+symmetric) with the same number of steps, so no iterate is stored.
 
 Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
 log_a and beta [B, T, H] (a scalar gate per head), lam [H, d_k] (positive),
@@ -154,9 +158,9 @@ def _safe_div(num, den):
 
 
 def _cg(operator, op, b, steps: int, precision=None):
-    """`steps` conjugate-gradient iterations on A x = b, A symmetric positive definite given as `operator`
-    (its product and its diagonal) of `op`, started at the Jacobi guess b / diag(A). Each row of b is its own
-    system. A converged residual stays put: zero steps, not 0 / 0."""
+    """`steps` conjugate-gradient iterations on A x = b, A symmetric positive definite given as `operator` (its
+    product, its diagonal and the pullback of its product) of `op`, started at the Jacobi guess b / diag(A).
+    Each row of b is its own system. A converged residual stays put: zero steps, not 0 / 0."""
     apply, diagonal, _ = operator
     dot = lambda x, y: jnp.sum(x * y, axis=-1, keepdims=True)  # noqa: E731
     x = b / diagonal(op, precision)
@@ -179,8 +183,8 @@ def _cg(operator, op, b, steps: int, precision=None):
 def _cg_solve(operator, op, b, steps: int, precision=None):
     """x ~ A^{-1} b by `steps` conjugate-gradient iterations, differentiated as the solve it approximates
     (implicit differentiation): db = A^{-1} dx by the same CG steps, and A's gradient -db x^T reaches `op` by
-    the operator's pullback (of A x at x), whatever A is made of. Equal to the exact solve's gradient once CG has converged;
-    no iterate is kept for the backward."""
+    the operator's pullback (of A x at x), whatever A is made of. Equal to the exact solve's gradient once CG
+    has converged; no iterate is kept for the backward."""
     return _cg(operator, op, b, steps, precision)
 
 
