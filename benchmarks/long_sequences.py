@@ -67,15 +67,16 @@ def cell(row: str, T: int, batch: int, overrides, steps: int) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS))
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    parser.add_argument("--lengths", nargs="+", default=list(LENGTHS))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per cell, after a warm one")
     parser.add_argument("--json", help="write the cells here as well")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every row, e.g. model.width=32")
     args = parser.parse_args()
-    # `--rows` takes every word after it: overrides written after the rows go back to the overrides
-    args.overrides += [word for word in args.rows if "=" in word]
+    # `--rows` and `--lengths` take every word after them: overrides written there go back to the overrides
+    args.overrides += [word for word in [*args.rows, *map(str, args.lengths)] if "=" in word]
     args.rows = [word for word in args.rows if "=" not in word]
+    args.lengths = [int(word) for word in map(str, args.lengths) if "=" not in word]
     # one device, the batch whole: a benchmark of one example's memory may not be split
     start(config(f"mixer={args.rows[0]}", "cluster.cpu_devices=1", *args.overrides)[0])
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
