@@ -69,3 +69,17 @@ def test_eval_chunk_times_each_row_at_each_chunk_and_names_the_fastest():
     for row in results.values():
         assert set(row["eval_ms"]) == set(row["compile_s"]) == {"2", "4"}
         assert row["eval_ms"][str(row["fastest"])] == min(row["eval_ms"].values())
+
+
+@pytest.mark.slow  # two rows' training steps compiled (mesa in its chunked form)
+def test_long_sequences_gives_each_rows_memory_and_time_and_mesas_ratio(tmp_path):
+    out = tmp_path / "long.json"
+    done = run_entry("benchmarks/long_sequences.py", "--rows", "mesa", "gated_deltanet", "--lengths", "16",
+                     "--steps", "1", "--json", str(out), "mixer.form=chunked", "mixer.chunk=4", "model.width=16",
+                     "mixer.heads=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads(out.read_text())
+    assert [(c["row"], c["T"]) for c in cells] == [("mesa", 16), ("gated_deltanet", 16)]
+    for c in cells:
+        assert c["peak_mb"] >= c["temp_mb"] > 0 and c["arguments_mb"] > 0 and c["step_ms"] > 0
+    assert "T 16: mesa's peak" in done.stdout and "| mesa | 16 |" in done.stdout

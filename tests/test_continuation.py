@@ -77,6 +77,7 @@ def cases() -> dict[str, list[str]]:
     out["hybrid-tied-learned"] = [*tokens, f"model.mixers=[{_entry('gated_deltanet')},{_entry('softmax')}]",
                                   "model.depth=3", "model.tie_blocks=true", "model.positions=learned"]
     out["hybrid-based"] = [*tokens, "model=based"]
+    out["tokens-mesa-chunked"] = [*_with_heads(tokens, "mesa"), "mixer.form=chunked", "mixer.chunk=4"]
     return out
 
 

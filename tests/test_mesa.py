@@ -1,6 +1,7 @@
 """The mesa memory (tmem/memory/mesa.py): the training form equals the definition, which is the ridge solution."""
 
 from functools import partial
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 
 from tmem.memory import mesa
 from tmem.memory.stores import rls_init, rls_writes
+from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig
 
 B, H, DK, DV = 2, 2, 4, 3
 T = 13  # no chunk size used below divides it
@@ -54,20 +56,32 @@ def value_and_grads(form, x, **kw):
 def test_the_training_form_equals_the_definition_outputs_state_and_gradients(solver, chunk, with_state):
     """CG with 3 d_k steps (d_k suffice in exact arithmetic) and the Cholesky solve against the token loop's
     exact solve: one chunk (the masked quadratic form, no loop) and chunks of 4 and 6 with the state passed."""
-    x = inputs(with_state=with_state)
+    assert_the_definition(mesa.parallel, inputs(with_state=with_state), solver=solver, cg_steps=3 * DK, chunk=chunk)
+
+
+@pytest.mark.parametrize("chunk, with_state", [(4, True), pytest.param(6, False, marks=pytest.mark.slow),
+                                               pytest.param(64, True, marks=pytest.mark.slow)])
+def test_the_chunked_cg_form_equals_the_definition_outputs_state_and_gradients(chunk, with_state):
+    """MesaNet's chunked CG (each H_t p from its chunk's entry state and keys, no H_t made), chunks passing the
+    state (4: T = 13 ends inside the fourth) and one chunk from a state."""
+    assert_the_definition(mesa.chunked_cg, inputs(with_state=with_state), cg_steps=3 * DK, chunk=chunk)
+
+
+def assert_the_definition(form, x, **kw):
     ref, g_ref = value_and_grads(mesa.recurrent, x)
-    out, g = value_and_grads(mesa.parallel, x, solver=solver, cg_steps=3 * DK, chunk=chunk)
+    out, g = value_and_grads(form, x, **kw)
     for a, b in zip(out, ref):
         assert rel_err(a, b) <= 1e-5
     for name in g_ref:
         assert rel_err(g[name], g_ref[name]) <= 1e-5, name
 
 
-def test_a_few_cg_steps_are_not_the_solve():
-    """The comparison above can fail: one CG step from the Jacobi guess leaves an error far above 1e-5."""
+@pytest.mark.parametrize("form", [mesa.parallel, mesa.chunked_cg])
+def test_a_few_cg_steps_are_not_the_solve(form):
+    """The comparisons above can fail: one CG step from the Jacobi guess leaves an error far above 1e-5."""
     x = inputs()
     (o_ref, *_), _ = value_and_grads(mesa.recurrent, x)
-    (o, *_), _ = value_and_grads(mesa.parallel, x, solver="cg", cg_steps=1, chunk=64)
+    (o, *_), _ = value_and_grads(form, x, cg_steps=1, chunk=4)
     assert rel_err(o, o_ref) > 1e-3
 
 
@@ -76,8 +90,9 @@ def test_reads_at_positions_equal_the_definitions_rows():
     x = inputs()
     read_at = jnp.array([[0, 12, 5], [7, 7, 3]])
     o_ref, S_ref = mesa.recurrent(**x, precision=FULL)
-    for solver in mesa.SOLVERS:
-        o, S = mesa.parallel(**x, solver=solver, cg_steps=12, chunk=4, read_at=read_at, precision=FULL)
+    forms = [partial(mesa.parallel, solver=solver) for solver in mesa.SOLVERS] + [mesa.chunked_cg]
+    for form in forms:
+        o, S = form(**x, cg_steps=12, chunk=4, read_at=read_at, precision=FULL)
         assert rel_err(o, jnp.take_along_axis(o_ref, read_at[:, :, None, None], axis=1)) <= 1e-5
         assert all(rel_err(a, b) <= 1e-5 for a, b in zip(S, S_ref))
 
@@ -103,3 +118,12 @@ def test_with_every_gate_open_it_is_recursive_least_squares():
     for t in (0, 3, 12):
         S, _ = rls_writes(rls_init(DK, DV, ridge=0.7), x["k"][0, : t + 1, 1], x["v"][0, : t + 1, 1])
         np.testing.assert_allclose(o[0, t, 1], S.T @ x["q"][0, t, 1], rtol=1e-4, atol=1e-5)
+
+
+def test_auto_takes_the_chunked_form_from_long_sequences_and_the_exact_solve_never():
+    long, short = SimpleNamespace(seq_len=CHUNKED_FROM), SimpleNamespace(seq_len=CHUNKED_FROM - 2)
+    assert MesaConfig().fit(long, 64).form == "chunked"
+    assert MesaConfig().fit(short, 64).form == "parallel"
+    assert MesaConfig(solver="cholesky").fit(long, 64).form == "parallel"  # the factorisation needs every H_t
+    with pytest.raises(ValueError, match="mixer.solver=cholesky needs every H_t"):
+        MesaConfig(form="chunked", solver="cholesky").check(64)

@@ -19,14 +19,18 @@ with the sums, there is no rank-one recursion for (H_t + Lambda)^{-1}; the
 Sherman-Morrison recursion of Derivation D5 holds only with every gate open
 (a = beta = 1), where the read is recursive least squares (a test checks that).
 
-`parallel` is the training form (MesaNet's): H_t for every t computed at once
-(masked matmuls inside chunks, the state passed between chunks; at T <= chunk
-the masked quadratic form with no loop), then the T systems solved side by
-side, with a fixed number of conjugate-gradient steps (MesaNet's solver) or a
-batched Cholesky factorisation, and G read by the chunked linear-attention
-form with the solved x_t as queries. The conjugate-gradient solve is
-differentiated implicitly: its backward solves the adjoint system (the same
-matrix, symmetric) with the same number of steps, so no iterate is stored.
+`parallel` is the short sequences' training form: H_t for every t computed
+at once (masked matmuls inside chunks, the state passed between chunks; at
+T <= chunk the masked quadratic form with no loop), then the T systems solved
+side by side, with a fixed number of conjugate-gradient steps (MesaNet's
+solver) or a batched Cholesky factorisation, and G read by the chunked
+linear-attention form with the solved x_t as queries. It holds T matrices
+d_k x d_k. `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
+gradient): the same CG, each product H_t p_t made from the state entering
+t's chunk and the chunk's gated keys, so it holds one matrix per chunk. The
+conjugate-gradient solve, over matrices or over chunks, is differentiated
+implicitly: its backward solves the adjoint system (the same matrix,
+symmetric) with the same number of steps, so no iterate is stored.
 
 Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
 log_a and beta [B, T, H] (a scalar gate per head), lam [H, d_k] (positive),
@@ -84,46 +88,68 @@ def recurrent(q, k, v, *, log_a, beta, lam, state=None, precision=None):
     return time_major(o).astype(out_dtype), final
 
 
+def _layout(T: int, chunk: int) -> tuple[int, int]:
+    """Chunks N and their length C: one chunk of T tokens when T fits in one."""
+    N = math.ceil(T / chunk)
+    return N, (chunk if N > 1 else T)
+
+
+def _chunks(x, N: int, C: int):
+    """[B, T, H, ...] -> [N, B, H, C, ...]; padding writes nothing (beta = 0, no decay)."""
+    B, T, Hh = x.shape[:3]
+    x = jnp.pad(x, [(0, 0), (0, N * C - T)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(B, N, C, Hh, *x.shape[3:]), (1, 3), (0, 2))
+
+
+def _unchunk(x, T: int):
+    """[N, B, H, C, ...] -> [B, T, H, ...], the padding dropped."""
+    N, B, Hh, C = x.shape[:4]
+    return jnp.moveaxis(x, (0, 2), (1, 3)).reshape(B, N * C, Hh, *x.shape[4:])[:, :T]
+
+
+def _gates(log_a, beta, N: int, C: int):
+    """Per chunk: the chunk-local cumulative log decay b [N, B, H, C] and the gated decays
+    exp(b_t - b_j) beta_j for j <= t, else 0 [N, B, H, C, C] (masked before exp: no overflow, no NaN gradient)."""
+    cum = jnp.cumsum(_chunks(log_a, N, C), axis=-1)
+    causal = jnp.tril(jnp.ones((1, 1, 1, C, C), bool))
+    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
+    return cum, decay * _chunks(beta, N, C)[..., None, :]
+
+
+def _entry_states(k_c, u_c, cum, b, state, precision=None):
+    """The state entering each chunk, S_in [N, B, H, d_k, d_u], and the final one: only these pass from chunk
+    to chunk (a scan over T / C); none when one chunk starts from no state."""
+    N, B, Hh = cum.shape[:3]
+    if state is None and N == 1:
+        return None, None
+    einsum = partial(jnp.einsum, precision=precision)
+    S0 = jnp.zeros((B, Hh, k_c.shape[-1], u_c.shape[-1]), jnp.float32) if state is None else state
+    writes = einsum("...j,...jk,...ju->...ku", jnp.exp(cum[..., -1:] - cum) * b, k_c, u_c)
+
+    def pass_state(S, x):
+        write, a = x
+        return a * S + write, S
+
+    final, S_in = jax.lax.scan(pass_state, S0, (writes, jnp.exp(cum[..., -1])[..., None, None]))
+    return S_in, final
+
+
 def prefix_sums(k, u, log_a, beta, state=None, chunk: int = 64, precision=None):
     """S_t = a_t S_{t-1} + beta_t k_t u_t^T at every t: [B, T, H, d_k, d_u], and S_T.
 
     Inside a chunk, with b_t the chunk-local cumulative log decay and S the
     state entering it, S_t = e^{b_t} S + sum_{j<=t} e^{b_t - b_j} beta_j k_j u_j^T:
     one masked matmul of the C x C decay matrix with the chunk's outer products.
-    Only the chunk-entry states pass from chunk to chunk (a scan over T / C).
     """
-    einsum = partial(jnp.einsum, precision=precision)
-    B, T, Hh, dk = k.shape
-    du = u.shape[-1]
-    N = math.ceil(T / chunk)
-    C = chunk if N > 1 else T
-    pad = N * C - T
-
-    def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...]; padding writes nothing (beta = 0, no decay)
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        return jnp.moveaxis(x.reshape(B, N, C, Hh, *x.shape[3:]), (1, 3), (0, 2))
-
-    k_c, u_c, g, b = map(chunks, (k, u, log_a, beta))
-    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
-    causal = jnp.tril(jnp.ones((1, 1, 1, C, C), bool))  # masked before exp: no overflow, no NaN gradient
-    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)) * b[..., None, :]
-    within = einsum("...tj,...jk,...ju->...tku", decay, k_c, u_c)  # [N, B, H, C, d_k, d_u]
-    if state is None and N == 1:
-        S_t, final = within, within[0, :, :, -1]
-    else:
-        S0 = jnp.zeros((B, Hh, dk, du), jnp.float32) if state is None else state
-        to_end = jnp.exp(cum[..., -1:] - cum) * b
-        writes = einsum("...j,...jk,...ju->...ku", to_end, k_c, u_c)
-        across = jnp.exp(cum[..., -1])[..., None, None]
-
-        def pass_state(S, x):
-            write, a = x
-            return a * S + write, S
-
-        final, S_in = jax.lax.scan(pass_state, S0, (writes, across))
-        S_t = jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within
-    S_t = jnp.moveaxis(S_t, (0, 2), (1, 3)).reshape(B, N * C, Hh, dk, du)[:, :T]
-    return S_t, final
+    T = k.shape[1]
+    N, C = _layout(T, chunk)
+    k_c, u_c, b = _chunks(k, N, C), _chunks(u, N, C), _chunks(beta, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    within = jnp.einsum("...tj,...jk,...ju->...tku", decay, k_c, u_c, precision=precision)  # [N, B, H, C, d_k, d_u]
+    S_in, final = _entry_states(k_c, u_c, cum, b, state, precision)
+    if S_in is None:
+        return _unchunk(within, T), within[0, :, :, -1]
+    return _unchunk(jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within, T), final
 
 
 def _safe_div(num, den):
@@ -131,18 +157,19 @@ def _safe_div(num, den):
     return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
 
 
-def _cg(A, b, steps: int, precision=None):
-    """`steps` conjugate-gradient iterations on A x = b (A symmetric positive definite, [..., d, d]), started at
-    the Jacobi guess b / diag(A). A converged residual stays put: zero steps, not 0 / 0."""
-    matvec = lambda M, x: jnp.einsum("...kl,...l->...k", M, x, precision=precision)  # noqa: E731
+def _cg(operator, op, b, steps: int, precision=None):
+    """`steps` conjugate-gradient iterations on A x = b, A symmetric positive definite given as `operator` (its
+    product, its diagonal and the pullback of its product) of `op`, started at the Jacobi guess b / diag(A).
+    Each row of b is its own system. A converged residual stays put: zero steps, not 0 / 0."""
+    apply, diagonal, _ = operator
     dot = lambda x, y: jnp.sum(x * y, axis=-1, keepdims=True)  # noqa: E731
-    x = b / jnp.diagonal(A, axis1=-2, axis2=-1)
-    r = b - matvec(A, x)
+    x = b / diagonal(op, precision)
+    r = b - apply(op, x, precision)
     p, rr = r, dot(r, r)
 
     def step(carry, _):
         x, r, p, rr = carry
-        Ap = matvec(A, p)
+        Ap = apply(op, p, precision)
         alpha = _safe_div(rr, dot(p, Ap))
         x, r = x + alpha * p, r - alpha * Ap
         rr_new = dot(r, r)
@@ -152,29 +179,62 @@ def _cg(A, b, steps: int, precision=None):
     return jax.lax.scan(step, (x, r, p, rr), None, length=steps)[0][0]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+@partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def _cg_solve(operator, op, b, steps: int, precision=None):
+    """x ~ A^{-1} b by `steps` conjugate-gradient iterations, differentiated as the solve it approximates
+    (implicit differentiation): db = A^{-1} dx by the same CG steps, and A's gradient -db x^T reaches `op` by
+    the operator's pullback (of A x at x), whatever A is made of. Equal to the exact solve's gradient once CG
+    has converged; no iterate is kept for the backward."""
+    return _cg(operator, op, b, steps, precision)
+
+
+def _cg_fwd(operator, op, b, steps, precision):
+    x = _cg(operator, op, b, steps, precision)
+    return x, (op, x)
+
+
+def _cg_bwd(operator, steps, precision, residuals, dx):
+    op, x = residuals
+    db = _cg(operator, op, dx, steps, precision)
+    return operator[2](op, x, -db, precision), db
+
+
+_cg_solve.defvjp(_cg_fwd, _cg_bwd)
+
+# A matrix [..., d, d] given whole: its product, its diagonal, and the pullback of A x to A (an outer product)
+DENSE = (lambda A, x, precision: jnp.einsum("...kl,...l->...k", A, x, precision=precision),
+         lambda A, precision: jnp.diagonal(A, axis1=-2, axis2=-1),
+         lambda A, x, dy, precision: dy[..., :, None] * x[..., None, :])
+
+
 def cg_solve(A, b, steps: int, precision=None):
     """x ~ A^{-1} b by `steps` conjugate-gradient iterations; A [..., d, d] symmetric positive definite, b [..., d].
-
-    Differentiated as the solve it approximates (implicit differentiation):
-    db = A^{-1} dx and dA = -db x^T, with A^{-1} dx by the same CG steps.
-    Equal to the exact solve's gradient once CG has converged.
-    """
-    return _cg(A, b, steps, precision)
+    Differentiated as the solve: db = A^{-1} dx and dA = -db x^T."""
+    return _cg_solve(DENSE, A, b, steps, precision)
 
 
-def _cg_fwd(A, b, steps, precision):
-    x = _cg(A, b, steps, precision)
-    return x, (A, x)
+def _chunk_apply(op, p, precision):
+    """(H_t + Lambda) p_t at every token of every chunk, p [N, B, H, C, d], from op = (S_in, e^b, gated decays,
+    k, lam): H_t p_t = e^{b_t} S_in p_t + sum_{j<=t} e^{b_t - b_j} beta_j k_j (k_j . p_t), two C x C matmuls
+    and one with the chunk's entry state; no H_t is made."""
+    S_in, e, decay, k_c, lam = op  # lam [1, 1, H, 1, d]
+    einsum = partial(jnp.einsum, precision=precision)
+    out = einsum("...tj,...jk->...tk", einsum("...tk,...jk->...tj", p, k_c) * decay, k_c) + lam * p
+    return out if S_in is None else out + e[..., None] * einsum("...kl,...tl->...tk", S_in, p)
 
 
-def _cg_bwd(steps, precision, residuals, dx):
-    A, x = residuals
-    db = _cg(A, dx, steps, precision)
-    return -db[..., :, None] * x[..., None, :], db
+def _chunk_diagonal(op, precision):
+    """The diagonal of every H_t + Lambda, [N, B, H, C, d]: the Jacobi guess's."""
+    S_in, e, decay, k_c, lam = op
+    diag = jnp.einsum("...tj,...jk->...tk", decay, k_c * k_c, precision=precision) + lam
+    return diag if S_in is None else diag + e[..., None] * jnp.diagonal(S_in, axis1=-2, axis2=-1)[..., None, :]
 
 
-cg_solve.defvjp(_cg_fwd, _cg_bwd)
+def _chunk_pullback(op, x, dy, precision):
+    return jax.vjp(lambda o: _chunk_apply(o, x, precision), op)[1](dy)[0]
+
+
+CHUNKED = (_chunk_apply, _chunk_diagonal, _chunk_pullback)
 
 
 def _cholesky(A, b):
@@ -211,6 +271,12 @@ def _cholesky_bwd(residuals, dx):
 cholesky_solve.defvjp(_cholesky_fwd, _cholesky_bwd)
 
 
+def _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision):
+    """o = G_t^T x_t, by the chunked linear-attention form with the solutions x as queries, and G_T."""
+    return chunked(x, k, v, log_a=log_a[..., None], beta=beta, state=G0, chunk=chunk, read_at=read_at,
+                   precision=precision)
+
+
 def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_steps: int = 30, chunk: int = 64,
              read_at=None, precision=None):
     """Same inputs and outputs as `recurrent`; equal to it once the solver has converged.
@@ -231,6 +297,32 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)
     if read_at is not None:  # back in place for the chunked read, which takes the rows at read_at
         x = jnp.zeros(k.shape, x.dtype).at[jnp.arange(k.shape[0])[:, None], read_at].set(x)
-    o, G_T = chunked(x, k, v, log_a=log_a[..., None], beta=beta, state=G0, chunk=chunk, read_at=read_at,
-                     precision=precision)
+    o, G_T = _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision)
+    return o.astype(out_dtype), (H_T, G_T)
+
+
+def chunked_cg(q, k, v, *, log_a, beta, lam, state=None, cg_steps: int = 30, chunk: int = 64, read_at=None,
+               precision=None):
+    """Same inputs and outputs as `recurrent`, equal to it once CG has converged, in memory that holds one
+    d_k x d_k matrix per chunk, not per token (MesaNet's chunked conjugate gradient).
+
+    All T systems (H_t + Lambda) x_t = q_t are solved side by side by CG, each product H_t p_t made from its
+    chunk's entry state and the chunk's gated keys (`_chunk_apply`). With read_at, only the rows read have a
+    right-hand side (the others solve to zero), so the work is T's and the memory bounded either way.
+    """
+    out_dtype = v.dtype
+    q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
+    H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
+    B, T = k.shape[:2]
+    N, C = _layout(T, chunk)
+    k_c = _chunks(k, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
+    if S_in is None:  # one chunk from no state: H_T is its last row's sum
+        H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
+    if read_at is not None:
+        q = q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
+    op = (S_in, None if S_in is None else jnp.exp(cum), decay, k_c, lam[None, None, :, None])
+    x = _unchunk(_cg_solve(CHUNKED, op, _chunks(q, N, C), cg_steps, precision), T)
+    o, G_T = _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision)
     return o.astype(out_dtype), (H_T, G_T)

@@ -76,7 +76,7 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
 
 
 def training_form(c, form: str) -> None:
-    """Refuse any form but the training one: the others are the token loops (mesa's with a solve at each token)
-    that the training forms are tested against, and have no count."""
+    """Refuse any form but the one a count is written for: the token loops the training forms are tested against
+    (mesa's with a solve at each token), and mesa's chunked conjugate gradient, which has no count yet."""
     if c.form != form:
         raise Uncounted(f"mixer {c.name!r} has no FLOP count with form={c.form}")

@@ -29,7 +29,10 @@ from tmem.mixers import flops as count
 from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions,
                               check_knobs, mask_heads)
 
-FORMS = ("parallel", "recurrent")
+FORMS = ("auto", "parallel", "chunked", "recurrent")
+# auto's switch: from this many tokens the chunked form, whose memory holds one H per chunk; below it the parallel
+# form's H_t at every token are small and its solve is a single matrix product per CG step (faster on a CPU)
+CHUNKED_FROM = 512
 FORGETS = ("gate", "fixed", "none")
 
 
@@ -38,7 +41,9 @@ class MesaConfig(MixerConfig):
     name: str = "mesa"
     lr: float | None = 1e-2
     heads: int = 4
-    form: str = "parallel"  # parallel (training: all H_t at once, T solves side by side) | recurrent (the definition)
+    # auto (by the task's length: CHUNKED_FROM) | parallel (all H_t at once, T solves side by side) | chunked
+    # (MesaNet's chunked CG: one H per chunk, memory bounded at long T) | recurrent (the definition)
+    form: str = "auto"
     solver: str = "cg"  # the parallel form's: cg (MesaNet's, cg_steps iterations) | cholesky (exact)
     cg_steps: int = 30  # MesaNet's training default (fla's max_cg_step_training)
     chunk: int = 64  # tokens per chunk of the sums; a sequence that fits in one is the masked quadratic form
@@ -54,10 +59,17 @@ class MesaConfig(MixerConfig):
     def check(self, width: int) -> None:
         check_knobs(self, choices={"form": FORMS, "solver": mesa.SOLVERS, "gate_activation": tuple(GATE_ACTIVATIONS),
                                    "forget": FORGETS}, positive=("cg_steps", "chunk"), width=width)
+        if self.form == "chunked" and self.solver != "cg":
+            raise ValueError(f"mixer.solver={self.solver} needs every H_t, which mixer.form=chunked never makes: "
+                             "use mixer.solver=cg or mixer.form=parallel")
         if self.lambda_floor <= 0:
             raise ValueError(f"mixer.lambda_floor={self.lambda_floor} must be positive: it keeps the solve posed")
         if self.lambda_init <= self.lambda_floor:
             raise ValueError(f"mixer.lambda_init={self.lambda_init} must exceed mixer.lambda_floor={self.lambda_floor}")
+
+    def fit(self, task, width: int) -> MesaConfig:
+        """auto's form for the task's length."""
+        return self if self.form != "auto" else dataclasses.replace(self, form=training_form(self, task.seq_len))
 
     def state_size(self, width: int, seq_len: int) -> int:
         """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
@@ -110,6 +122,11 @@ class MesaConfig(MixerConfig):
         memory += count.chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, None if Q is None else reads, once)
         parts["mixer/memory"] += memory
         return parts
+
+
+def training_form(cfg: MesaConfig, seq_len: int) -> str:
+    """The form `auto` takes for sequences of seq_len tokens (the exact solve needs every H_t: parallel)."""
+    return "chunked" if seq_len >= CHUNKED_FROM and cfg.solver == "cg" else "parallel"
 
 
 @struct.dataclass
@@ -173,7 +190,10 @@ class Mesa(Mixer):
         beta = jax.nn.sigmoid(self.write(x_btd))
         lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
-        if cfg.form == "parallel":
+        form = training_form(cfg, T) if cfg.form == "auto" else cfg.form  # a layer made without validation
+        if form == "chunked":
+            o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.cg_steps, chunk=cfg.chunk, read_at=read_at, **kwargs)
+        elif form == "parallel":
             o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.cg_steps, chunk=cfg.chunk,
                                         read_at=read_at, **kwargs)
         else:
