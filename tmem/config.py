@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
+from tasks.examples import MAX_POSITION
 from tmem.mixers import CONFIGS, MixerConfig
 from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
 
@@ -144,6 +145,14 @@ def _check_together(cfg: Config) -> None:
     examples = getattr(cfg.task, "train_examples", None)
     if examples is not None and examples < 1:
         raise ConfigError(f"task.train_examples={examples} must be at least 1 (or null: fresh examples every step)")
+    if examples is not None and examples > MAX_POSITION:
+        raise ConfigError(f"task.train_examples={examples} must be at most {MAX_POSITION} (the fixed set's indices "
+                          "are int32)")
+    positions = cfg.train.steps * cfg.train.batch_size
+    if examples is not None and positions > MAX_POSITION + 1:
+        raise ConfigError(f"task.train_examples: train.steps={cfg.train.steps} x train.batch_size="
+                          f"{cfg.train.batch_size} reads {positions} stream positions of the fixed set, more than "
+                          f"its int32 cursor counts ({MAX_POSITION + 1}): lower train.steps")
     vectors = cfg.task.input_kind == "vectors"
     if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
         raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "
