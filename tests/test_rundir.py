@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, compose_config, run_entry
-from tmem.config import ConfigError
+from tmem.config import ConfigError, validate
 from tmem.train import rundir
 from tmem.train.checkpoint import FINISHED
 
@@ -268,6 +269,24 @@ def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
         rundir.check_resume(tmp_path, changed(kept, "optim", decay_steps=30))
     with pytest.raises(ConfigError, match="changes optim.schedule"):  # a changed schedule is named as itself
         rundir.check_resume(tmp_path, changed(kept, "optim", schedule="constant"))
+
+
+def test_a_run_shorter_than_its_warmup_is_extended_by_the_setting_its_refusal_names(tmp_path):
+    """Its decay ends one step after the warmup, not at train.steps (which decay_steps could not name: it must be
+    more than the warmup): the suggested override validates, resumes, and keeps the run's own schedule."""
+    from tmem.train.build import build
+
+    resolved = resolved_of("optim.warmup_steps=50")
+    record(tmp_path, resolved)
+    with pytest.raises(ConfigError, match=r"from step 51 to 60 .* with optim.decay_steps=51,") as error:
+        rundir.check_resume(tmp_path, changed(resolved, "train", steps=60))
+    suggested = changed(changed(resolved, "train", steps=60), "optim", decay_steps=51)
+    rundir.check_resume(tmp_path, suggested)
+    rundir.check_resume(tmp_path, changed(resolved, "train", steps=40))  # still within the warmup: the same end
+    assert "optim.decay_steps=51" in str(error.value)
+    before, after = (build(validate(OmegaConf.create(c))).schedule for c in (resolved, suggested))
+    steps = np.arange(0, 70, 3)
+    np.testing.assert_array_equal([float(before(s)) for s in steps], [float(after(s)) for s in steps])
 
 
 @pytest.mark.parametrize("overrides", [["optim.schedule=constant"], ["mixer=mamba2"]], ids=["constant", "recommended"])

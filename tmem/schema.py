@@ -252,5 +252,7 @@ class Config:
     @property
     def decay_end(self) -> int:
         """The step the learning-rate decay ends at: optim.decay_steps (where validation puts the mixer's
-        recommendation), else train.steps."""
-        return self.optim.decay_steps or self.train.steps
+        recommendation), else train.steps; never before the warmup is over, since the schedule decays over at
+        least one step after it (tmem.train.optim). So a run shorter than its warmup has the end a resume can
+        name: optim.decay_steps must be more than optim.warmup_steps."""
+        return max(self.optim.decay_steps or self.train.steps, self.optim.warmup_steps + 1)
