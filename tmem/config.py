@@ -132,7 +132,9 @@ def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
         return dataclasses.replace(optim, lr=optim.lr or mixer.lr, weight_decay=weight_decay or 0.0,
                                    decay_steps=optim.decay_steps or mixer.optim.decay_steps)
     except ValueError as e:
-        recipe = ", ".join(f"mixer.optim.{k}={v}" for k, v in dataclasses.asdict(mixer.optim).items() if v is not None)
+        recipe = ", ".join(f"mixer.{k}={v}" for k, v in (*((f"optim.{k}", v) for k, v in
+                                                            dataclasses.asdict(mixer.optim).items()), ("lr", mixer.lr))
+                           if v is not None)
         raise ConfigError(f"{e}; mixer={mixer.name} recommends {recipe}: set optim.* to train otherwise") from None
 
 
