@@ -23,6 +23,9 @@ from tmem.mixers import CONFIGS, MixerConfig
 from tmem.schema import ClusterConfig, Config, LoggerConfig, MLPConfig, ModelConfig, OptimConfig, TrainConfig
 
 
+INT32_MAX = 2**31 - 1
+
+
 class ConfigError(ValueError):
     """A bad config, described in one line."""
 
@@ -74,11 +77,24 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     except (ValueError, TypeError) as e:
         message = str(e) if str(e).startswith(section) else f"{section}: {e}"
         raise ConfigError(message) from None
+    _int32(section, parsed)
     # OmegaConf gives a tuple field a list; a config must hash (jit takes a model's structure, which holds its
     # mixer's config, as static)
     lists = {f.name: tuple(getattr(parsed, f.name)) for f in dataclasses.fields(parsed)
              if str(f.type).startswith("tuple") and isinstance(getattr(parsed, f.name), list)}
     return dataclasses.replace(parsed, **lists) if lists else parsed
+
+
+def _int32(section: str, parsed) -> None:
+    """Every integer of a group (a nested dataclass's too) in int32's range: tmem keeps counts, sizes, steps and
+    seeds in int32 on the device, where a larger one fails inside a jitted program (or wraps around silently)."""
+    for f in dataclasses.fields(parsed):
+        value = getattr(parsed, f.name)
+        if dataclasses.is_dataclass(value):
+            _int32(f"{section}.{f.name}", value)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+            raise ConfigError(f"{section}.{f.name}={value} must be at most {INT32_MAX} in size: tmem keeps "
+                              "counts, sizes, steps and seeds in int32")
 
 
 def _writable(node: DictConfig) -> DictConfig:
@@ -147,9 +163,6 @@ def _check_together(cfg: Config) -> None:
     examples = getattr(cfg.task, "train_examples", None)
     if examples is not None and examples < 1:
         raise ConfigError(f"task.train_examples={examples} must be at least 1 (or null: fresh examples every step)")
-    if examples is not None and examples > MAX_POSITION:
-        raise ConfigError(f"task.train_examples={examples} must be at most {MAX_POSITION} (the fixed set's indices "
-                          "are int32)")
     positions = cfg.train.steps * cfg.train.batch_size
     if examples is not None and positions > MAX_POSITION + 1:
         raise ConfigError(f"task.train_examples: train.steps={cfg.train.steps} x train.batch_size="

@@ -34,13 +34,6 @@ def _non_negative(**fields) -> None:
             raise ValueError(f"{name}={value} must be zero or more")
 
 
-def _step_count(**fields) -> None:
-    """Counts of steps, which the step counter (int32 on device) and the schedule compare with."""
-    for name, value in fields.items():
-        if value is not None and value > 2**31 - 1:
-            raise ValueError(f"{name}={value} must be at most {2**31 - 1} (steps are counted in int32)")
-
-
 def _fraction(**fields) -> None:
     """Values in [0, 1): Adam's moment decays (1 would never forget the first gradient)."""
     for name, value in fields.items():
@@ -113,7 +106,6 @@ class OptimConfig:
         _positive(**{"optim.lr": self.lr, "optim.clip_norm": self.clip_norm, "optim.eps": self.eps,
                      "optim.decay_steps": self.decay_steps})
         _fraction(**{"optim.b1": self.b1, "optim.b2": self.b2})
-        _step_count(**{"optim.warmup_steps": self.warmup_steps, "optim.decay_steps": self.decay_steps})
         _non_negative(**{"optim.weight_decay": self.weight_decay, "optim.warmup_steps": self.warmup_steps,
                          "optim.final_lr_ratio": self.final_lr_ratio})
         if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
@@ -215,7 +207,6 @@ class TrainConfig:
                      ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
                       "keep_checkpoints", "stop_after", "diverge_factor", "diverge_patience")},
                   **({} if isinstance(self.microbatch, str) else {"train.microbatch": self.microbatch}))
-        _step_count(**{"train.steps": self.steps})
         if isinstance(self.microbatch, int) and self.microbatch < self.batch_size and self.batch_size % self.microbatch:
             raise ValueError(f"train.microbatch={self.microbatch} must divide train.batch_size={self.batch_size}")
         _choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
