@@ -148,6 +148,7 @@ def test_compiled_programs_persist_in_the_configs_folder_unless_jax_has_one(tmp_
      "train.batch_size=48"),
     (["cluster.process_id=2", "cluster.processes=2"], "cluster.process_id=2 must be in 0..cluster.processes-1"),
     (["cluster.coordinator=node0"], "cluster.coordinator='node0' must be host:port"),
+    (["cluster.coordinator=node0:http"], "cluster.coordinator='node0:http' must be host:port, a port from 1 to 65535"),
     (["cluster.processes=0"], "cluster.processes=0 must be positive"),
 ])
 def test_bad_cluster_fields_are_one_line(overrides, message):
