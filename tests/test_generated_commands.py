@@ -82,7 +82,7 @@ def commands(draw, good_only: bool = False) -> list[str]:
     """A train.py command line: choices of task, row and MLP, and overrides of their fields (up to three; with
     `good_only`, one value of the field's type, among the fields a command that runs here may change)."""
     chosen = {group: draw(st.sampled_from(([] if good_only else [f"{options[0]}x"]) + options * 4))
-              for group, options in OPTIONS.items()}  # an unknown choice about once in twenty
+              for group, options in OPTIONS.items()}  # now and then an option that does not exist
     keys = [k for group, schema in FIXED.items() for k in fields(schema, f"{group}.")]
     task = TASKS.get(chosen["task"])
     if task is not None:
