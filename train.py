@@ -39,18 +39,24 @@ def main(cfg: DictConfig) -> dict:
     log.info(describe_config(config))
 
     from tmem.train.checkpoint import CheckpointError  # after validation: orbax loads slowly
+    from tmem.train.cluster import RendezvousFailed
     from tmem.train.loop import TrainingDiverged, run
-    from tmem.train.tracking import sweep_job
+    from tmem.train.tracking import finish_open, sweep_job
 
     try:
         start(config)  # the CPU's devices and, for cluster=multihost, jax.distributed.initialize: before JAX starts
         summary = run(config, run_dir, resolved, sweep=sweep_job(hydra_cfg))
-    except ConfigError as e:  # one the config cannot know before it sees the devices: a batch they do not divide
+    except BaseException as e:
+        # a run that ended before its first checkpoint or summary never started: its directory is given back as
+        # it was, so the same command runs again (a resumed run's, or one with a result, stays as it is)
         if primary:
-            rundir.release(run_dir)  # nothing trained: a fresh run's directory goes, a resumed one stays as it was
-        sys.exit(f"config error: {e}")
-    except (TrainingDiverged, CheckpointError) as e:
-        sys.exit(f"error: {e}")
+            finish_open(exit_code=1)  # wandb's files first: its own exit hook would write them after the release
+            rundir.release(run_dir)
+        if isinstance(e, ConfigError):  # one the config cannot know before it sees the devices: an uneven batch
+            sys.exit(f"config error: {e}")
+        if isinstance(e, (TrainingDiverged, CheckpointError, RendezvousFailed)):
+            sys.exit(f"error: {e}")
+        raise
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary.items() if k.startswith("eval/"))
     reached = ("not reached" if summary["target_step"] is None else
                f"reached at step {summary['target_step']} after {summary['target_seconds']:.1f} s")

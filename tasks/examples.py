@@ -25,6 +25,11 @@ import jax.numpy as jnp
 from flax import struct
 
 
+# The cursor's stream positions and the examples' indices are int32 on device (the step counter is): a set of more
+# examples, or a run whose positions (train.steps x train.batch_size) go past this, cannot be addressed
+MAX_POSITION = 2**31 - 1
+
+
 @struct.dataclass
 class Cursor:
     """Where a batch sits in the stream of a fixed training set: what a fresh batch's key is to `task.sample`."""

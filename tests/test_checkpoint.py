@@ -240,3 +240,39 @@ def test_a_step_saved_before_checksums_restores_unverified_with_its_metrics(trai
     restored = ckpts.restore(jax.eval_shape(lambda: trained_state))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(trained_state))
     assert "carries no checksums" in caplog.text and ckpts.metrics(3) == {"eval/accuracy": 0.5}
+
+
+READ_AGAIN = r'''
+import sys
+sys.path.insert(0, {tests!r})
+import jax
+from conftest import TINY, compose_config
+from tmem.config import validate
+from tmem.model import build_model
+from tmem.train.checkpoint import Checkpoints, Damaged
+from tmem.train.optim import build_optimizer
+from tmem.train.step import init_state
+
+cfg = validate(compose_config(TINY))
+state = init_state(build_model(cfg, cfg.task), build_optimizer(cfg.optim, 10), seed=7)[1]
+ckpts = Checkpoints({folder!r}, keep=None)
+ckpts.save(state.replace(step=state.step + 3))
+ckpts.save(state.replace(step=state.step + 8))
+data = max((p for p in (ckpts.directory / "8" / "state").rglob("*") if p.is_file() and "/d/" in str(p)),
+           key=lambda p: p.stat().st_size)
+data.write_bytes(data.read_bytes()[:100])
+abstract = jax.eval_shape(lambda: state)
+for _ in range({reads}):
+    try:
+        ckpts.restore(abstract, step=8)
+    except Damaged:
+        print("named", file=sys.stderr)
+'''
+
+
+@pytest.mark.slow  # about 60 s: the late errors come when the garbage collector frees orbax's pending reads, which
+# in one process took 68 failed reads the first time, then came in bursts (84 in 100 reads)
+def test_a_truncated_step_read_again_and_again_prints_only_its_one_line(tmp_path):
+    code = READ_AGAIN.format(tests=str(ROOT / "tests"), folder=str(tmp_path / "ck"), reads=100)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stderr.splitlines() == ["named"] * 100, done.stderr[-3000:]

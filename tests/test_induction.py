@@ -5,6 +5,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from conftest import compose_config, run_entry
 from tasks import Batch
@@ -180,3 +181,41 @@ def test_induction_heads_do_not_form_in_one_layer(tmp_path):
     report = train_and_probe(tmp_path / "one_layer", "model.depth=1", "train.steps=1000")
     assert not report["formed"] and report["induction_heads"] == [] and report["formation_step"] is None
     assert report["verdict"].startswith("no induction heads")
+
+
+def grouped_and_repeated():
+    """A model with mixer.kv_heads=2 of 4 heads, and the 4-head model with each kv head repeated for its two
+    queries: the same function, so every probe must read both alike, each query head h with kv head h // 2."""
+    grouped = [*HANDBUILT, "mixer.heads=4", "model.width=32", "model.depth=2"]
+    cfg_g, cfg_m = (validate(compose_config(o)) for o in ([*grouped, "mixer.kv_heads=2"], grouped))
+    gqa, mha = build_model(cfg_g, cfg_g.task), build_model(cfg_m, cfg_m.task)
+    D, d = 32, 8
+    pure = nnx.to_pure_dict(nnx.state(gqa, nnx.Param))
+    repeat = lambda w: np.repeat(w.reshape(D, 2, d), 2, axis=1).reshape(D, D)  # noqa: E731  kv head j -> 2j, 2j+1
+    blocks = {}
+    for i, block in pure["blocks"].items():
+        W = np.asarray(block["mixer"]["qkv"]["kernel"])
+        blocks[i] = {"mixer": {"qkv": {"kernel": np.concatenate([W[:, :D], repeat(W[:, D:D + 2 * d]),
+                                                                 repeat(W[:, D + 2 * d:])], 1)},
+                               "out": block["mixer"]["out"]}}
+    load_weights(mha, {**{k: v for k, v in pure.items() if k != "blocks"}, "blocks": blocks})
+    return cfg_g.task, gqa, mha
+
+
+def test_grouped_key_value_heads_are_probed_as_the_heads_they_serve():
+    from tmem.probes.circuits import head_weights
+
+    _, gqa, mha = grouped_and_repeated()
+    wg, wm = head_weights(gqa), head_weights(mha)
+    for k in ("W_Q", "W_K", "W_V", "W_O"):
+        assert wg[k].shape == (2, 4, *wg[k].shape[2:])
+        np.testing.assert_array_equal(wg[k], wm[k])
+
+
+@pytest.mark.slow  # 16 s; the quick subset checks the weights the probe reads
+def test_the_whole_induction_report_of_grouped_heads_is_the_repeated_models():
+    task, gqa, mha = grouped_and_repeated()
+    report_g, report_m = (analyse(m, task, jax.random.key(0), OPTIONS)[0] for m in (gqa, mha))
+    for table in ("induction", "duplicate", "previous_token", "copying_positivity", "copying_top1"):
+        np.testing.assert_allclose(report_g["heads"][table], report_m["heads"][table], rtol=1e-4, atol=1e-5)
+    assert report_g["verdict"] == report_m["verdict"]

@@ -149,6 +149,7 @@ def test_compiled_programs_persist_in_the_configs_folder_unless_jax_has_one(tmp_
      "train.batch_size=48"),
     (["cluster.process_id=2", "cluster.processes=2"], "cluster.process_id=2 must be in 0..cluster.processes-1"),
     (["cluster.coordinator=node0"], "cluster.coordinator='node0' must be host:port"),
+    (["cluster.coordinator=node0:http"], "cluster.coordinator='node0:http' must be host:port, a port from 1 to 65535"),
     (["cluster.processes=0"], "cluster.processes=0 must be positive"),
 ])
 def test_bad_cluster_fields_are_one_line(overrides, message):
@@ -179,3 +180,53 @@ def test_a_run_saved_before_the_cluster_and_implementation_fields_resumes(tmp_pa
     rundir.check_resume(tmp_path, resolved)  # neither is the run itself
     with pytest.raises(ConfigError, match="model.width"):
         rundir.check_resume(tmp_path, {**resolved, "model": {**resolved["model"], "width": 32}})
+
+
+def meet(port: int, processes: int, ranks, timeout: float = 1.5) -> dict[int, str]:
+    """Each rank's rendezvous at localhost:port, the others in threads: "ok" or its one-line refusal."""
+    import threading
+
+    from tmem.train.cluster import RendezvousFailed, rendezvous
+
+    said: dict[int, str] = {}
+
+    def one(rank):
+        try:
+            rendezvous(f"localhost:{port}", processes, rank, timeout)
+            said[rank] = "ok"
+        except RendezvousFailed as e:
+            said[rank] = str(e)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ranks if r != 0]
+    for t in threads:
+        t.start()
+    if 0 in ranks:
+        one(0)
+    for t in threads:
+        t.join()
+    return said
+
+
+def test_the_processes_meet_before_jax_does_and_a_missing_one_is_named():
+    assert meet(free_port(), 3, (0, 1, 2)) == {0: "ok", 1: "ok", 2: "ok"}
+    port = free_port()
+    said = meet(port, 3, (0, 2))  # process 1 never starts
+    assert said[0].startswith(f"cluster.coordinator=localhost:{port}: 2 of 3 processes joined (missing: process_id 1)"
+                              " within cluster.timeout=1.5 s")
+    assert said[2].startswith(f"cluster.coordinator=localhost:{port}: process 2 joined, but not all processes did")
+    alone = meet(free_port(), 2, (1,), timeout=0.5)  # no process 0
+    assert "process 1 found no process 0 listening within cluster.timeout=0.5 s" in alone[1]
+    assert all("\n" not in line for line in (*said.values(), *alone.values()))
+
+
+@pytest.mark.slow  # about 15 s: a train.py process
+def test_a_cluster_whose_peer_never_comes_exits_in_one_line_and_gives_the_directory_back(tmp_path):
+    port, run = free_port(), tmp_path / "run"
+    done = run_entry("train.py", *RUN, "cluster=multihost", f"cluster.coordinator=127.0.0.1:{port}",
+                     "cluster.processes=2", "cluster.process_id=0", "cluster.timeout=3", f"hydra.run.dir={run}",
+                     timeout=120)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"error: cluster.coordinator=127.0.0.1:{port}: 1 of 2 processes joined (missing: process_id 1) within "
+        "cluster.timeout=3 s: start every process with the same cluster.coordinator and cluster.processes, or raise "
+        "cluster.timeout"], done.stderr[-3000:]
+    assert not run.exists()  # the same command, with its peer, may run there next

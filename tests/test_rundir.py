@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, compose_config, run_entry
-from tmem.config import ConfigError
+from tmem.config import ConfigError, validate
 from tmem.train import rundir
 from tmem.train.checkpoint import FINISHED
 
@@ -279,6 +280,24 @@ def test_a_resume_that_raises_the_budget_keeps_the_decays_end(tmp_path):
         rundir.check_resume(tmp_path, changed(kept, "optim", schedule="constant"))
 
 
+def test_a_run_shorter_than_its_warmup_is_extended_by_the_setting_its_refusal_names(tmp_path):
+    """Its decay ends one step after the warmup, not at train.steps (which decay_steps could not name: it must be
+    more than the warmup): the suggested override validates, resumes, and keeps the run's own schedule."""
+    from tmem.train.build import build
+
+    resolved = resolved_of("optim.warmup_steps=50")
+    record(tmp_path, resolved)
+    with pytest.raises(ConfigError, match=r"from step 51 to 60 .* with optim.decay_steps=51,") as error:
+        rundir.check_resume(tmp_path, changed(resolved, "train", steps=60))
+    suggested = changed(changed(resolved, "train", steps=60), "optim", decay_steps=51)
+    rundir.check_resume(tmp_path, suggested)
+    rundir.check_resume(tmp_path, changed(resolved, "train", steps=40))  # still within the warmup: the same end
+    assert "optim.decay_steps=51" in str(error.value)
+    before, after = (build(validate(OmegaConf.create(c))).schedule for c in (resolved, suggested))
+    steps = np.arange(0, 70, 3)
+    np.testing.assert_array_equal([float(before(s)) for s in steps], [float(after(s)) for s in steps])
+
+
 @pytest.mark.parametrize("overrides", [["optim.schedule=constant"], ["mixer=mamba2"]], ids=["constant", "recommended"])
 def test_a_budget_raised_under_a_schedule_that_does_not_follow_it_resumes(tmp_path, overrides):
     """A constant rate, and a row's recommended decay (Mamba-2's ends at 1,500 whatever train.steps), do not move."""
@@ -298,3 +317,92 @@ def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):
     rundir.check_resume(tmp_path, changed(resolved, "train", microbatch=8))
     with pytest.raises(ConfigError, match="train.batch_size"):
         rundir.check_resume(tmp_path, changed(resolved, "train", batch_size=8))
+
+
+# A failure at each stage between the claim and the first checkpoint, injected into train.py's own code path: each
+# command fails, its fresh directory is given back as it was, and the same command then trains there. One process
+# runs them all (each a train.py run through runpy, as `python train.py` runs it): imports cost more than a stage.
+INJECT = r'''
+import json, runpy, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import tmem.train.checkpoint as checkpoint, tmem.train.cluster as cluster, tmem.train.loop as loop
+from tmem.train.cluster import RendezvousFailed
+
+def fail(error):
+    def raises(*args, **kwargs):
+        raise error
+    return raises
+
+stages = {{
+    "late config error": (loop, "check_divisible", lambda *a: "train.batch_size=16 is refused by the devices (injected)"),
+    "cluster start": (cluster, "start", fail(RendezvousFailed("cluster.coordinator=localhost:1: injected"))),
+    "build": (loop, "build", fail(RuntimeError("injected at build"))),
+    "compile": (loop, "data_parallel_step", lambda *a: fail(OverflowError("injected at the step's compile"))),
+    "first save": (checkpoint.Checkpoints, "save", fail(checkpoint.CheckpointError("injected at the first save"))),
+}}
+stages["the same command again"] = (loop, "run", loop.run)
+run_dir, args, seen = Path({run!r}), {args!r}, {{}}
+for stage, (owner, name, patch) in stages.items():
+    kept = getattr(owner, name)
+    setattr(owner, name, patch)
+    sys.argv = ["train.py", *args]
+    try:
+        runpy.run_path({train!r}, run_name="__main__")
+        seen[stage] = "trained"
+    except SystemExit as e:
+        seen[stage] = str(e.code)
+    except Exception as e:
+        seen[stage] = type(e).__name__
+    finally:
+        setattr(owner, name, kept)
+    seen[stage] = [seen[stage], sorted(p.name for p in run_dir.iterdir()) if run_dir.exists() else None]
+print(json.dumps(seen))
+'''
+
+
+@pytest.mark.slow  # about 60 s: five failed starts and one run
+def test_a_run_that_fails_before_its_first_checkpoint_gives_its_directory_back(tmp_path):
+    run = tmp_path / "run"
+    args = [*TINY, "train.steps=4", "train.eval_every=2", "train.checkpoint_every=2", "logger=offline",
+            f"hydra.run.dir={run}"]
+    code = INJECT.format(root=str(ROOT), run=str(run), args=args, train=str(ROOT / "train.py"))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "late config error": ["config error: train.batch_size=16 is refused by the devices (injected)", None],
+        "cluster start": ["error: cluster.coordinator=localhost:1: injected", None],
+        "build": ["1", None],  # an error of the code, not the command: Hydra prints it, and the directory goes too
+        "compile": ["1", None],
+        "first save": ["error: injected at the first save", None],
+        "the same command again": ["trained", [".hydra", rundir.CLAIM, "checkpoints", "summary.json", "train.log",
+                                               "wandb"]],
+    }, done.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_claim_whose_command_died_is_taken_over_by_the_same_command(tmp_path):
+    """Killed before its first checkpoint (SIGKILL, or an abort in C++ where Python cannot release it), a command
+    leaves its claim unlocked and no run: the same command takes it over. A live claimant keeps it."""
+    run = tmp_path / "run"
+    code = ("import os, signal, sys; sys.path.insert(0, {root!r}); from pathlib import Path\n"
+            "from tmem.train import rundir\n"
+            "rundir.claim(Path({run!r})); (Path({run!r}) / '.hydra').mkdir(); "
+            "(Path({run!r}) / '.hydra' / 'config.yaml').write_text('{{}}'); (Path({run!r}) / 'train.log').write_text('')\n"
+            "print('claimed', flush=True); {end}")
+    alive = subprocess.Popen([sys.executable, "-c", code.format(root=str(ROOT), run=str(run), end="input()")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert alive.stdout.readline().strip() == "claimed"
+    with pytest.raises(ConfigError, match="already holds a run"):
+        rundir.prepare([*TINY, f"hydra.run.dir={run}"])
+    alive.communicate("\n", timeout=60)  # it ends normally: its claim is a finished command's, no longer locked
+    shutil.rmtree(run)
+    killed = subprocess.run([sys.executable, "-c", code.format(root=str(ROOT), run=str(run),
+                                                               end="os.kill(os.getpid(), signal.SIGKILL)")],
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9 and (run / ".hydra" / "config.yaml").exists()
+    rundir.prepare([*TINY, f"hydra.run.dir={run}"])
+    assert sorted(p.name for p in run.iterdir()) == [rundir.CLAIM]
+    assert json.loads((run / rundir.CLAIM).read_text())["pid"] == os.getpid()
+    rundir.release(run)
+    assert list(run.iterdir()) == []  # given back: the folder the dead command made stays, empty

@@ -66,7 +66,7 @@ def reference(m: SoftmaxAttention, x) -> np.ndarray:
         k = k / np.sqrt(np.mean(k**2, -1, keepdims=True) + 1e-6) * _np(m.k_norm.scale)
     elif cfg.qk_norm == "l2":
         q, k = q / np.linalg.norm(q, axis=-1, keepdims=True), k / np.linalg.norm(k, axis=-1, keepdims=True)
-    beta = cfg.temperature or (math.sqrt(d) if cfg.qk_norm == "l2" else 1 / math.sqrt(d))
+    beta = cfg.temperature if cfg.temperature is not None else math.sqrt(d) if cfg.qk_norm == "l2" else 1 / math.sqrt(d)
     o = np.zeros((B, n_tokens, H, d))
     for b in range(B):
         for h in range(H):
@@ -96,6 +96,7 @@ OPTIONS = {
     "mqa": dict(kv_heads=1),
     "gqa": dict(kv_heads=2),
     "window": dict(window=3),
+    "uniform": dict(temperature=0.0),  # beta = 0 reads the mean of the visible values, not the default beta
     "logn": dict(length_scale="logn", train_length=L),
     "ssmax": dict(length_scale="ssmax", train_length=L),
     "sinks": dict(sinks=True),
@@ -244,6 +245,11 @@ def test_fast_weight_rows_accept_rms_qk_norm():
     assert not hasattr(FastWeight(FastWeightConfig(), D, rope=False, rngs=nnx.Rngs(params=0)), "q_norm")
 
 
+def test_a_zero_temperature_is_kept_in_both_softmax_rows(tiny_cfg):
+    assert tiny_cfg("mixer.temperature=0")[0].mixer.temperature == 0  # read as beta = 0, not the default (above)
+    assert tiny_cfg("mixer=hopfield", "mixer.temperature=0")[0].mixer.temperature == 0
+
+
 def test_the_training_length_is_the_tasks_unless_set(tiny_cfg):
     assert tiny_cfg("mixer.length_scale=logn")[0].mixer.train_length == 16
     assert tiny_cfg("mixer.length_scale=logn", "mixer.train_length=64")[0].mixer.train_length == 64
@@ -259,6 +265,11 @@ def test_the_training_length_is_the_tasks_unless_set(tiny_cfg):
     (["model.norm_position=middle"], "model.norm_position='middle' is not one of: pre, post"),
     (["mixer=linear", "mixer.qk_norm=layer"], "mixer.qk_norm='layer' is not one of: none, rms, l2"),
     (["mixer=deltanet", "mixer.qk_norm=rms"], "mixer.qk_norm must be l2 with rule=delta"),
+    # one rule for beta in both softmax rows (tmem.mixers.base.check_temperature)
+    (["mixer.temperature=-1"], "mixer.temperature=-1.0 must be positive, zero .* or null"),
+    (["mixer=hopfield", "mixer.temperature=-1"], "mixer.temperature=-1.0 must be positive, zero .* or null"),
+    (["mixer=hopfield", "mixer.temperature=0", "mixer.learn_temperature=true"],
+     "mixer.temperature=0.0 must be positive, zero .*not with mixer.learn_temperature"),
 ])
 def test_bad_options_fail_in_one_line(tiny_cfg, overrides, message):
     with pytest.raises(ConfigError, match=message) as error:

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import compose_config, quick_only
 from tasks import TASKS, Cursor, draw, draw_rows
-from tasks.examples import permuted
+from tasks.examples import MAX_POSITION, example_indices, permuted
 from tasks.linreg import LinReg
 from tasks.mad_compression import Compression
 from tasks.memorize import Memorize
@@ -91,6 +91,22 @@ def test_every_task_has_the_option_and_it_is_validated():
     assert validate(compose_config([])).task.train_examples is None  # fresh examples stay the default
     with pytest.raises(ConfigError, match="train_examples=0 must be at least 1"):
         validate(compose_config(["task.train_examples=0"]))
+
+
+def test_the_largest_set_the_int32_cursor_addresses_is_accepted_and_one_more_refused():
+    assert validate(compose_config([f"task.train_examples={MAX_POSITION}"])).task.train_examples == MAX_POSITION
+    for overrides, field in (([f"task.train_examples={MAX_POSITION + 1}"], "task.train_examples=2147483648 must"),
+                             (["task.train_examples=3000000000"], "task.train_examples=3000000000 must be at most"),
+                             (["task.train_examples=8", "train.steps=40000000", "train.batch_size=64"],
+                              "task.train_examples: train.steps=40000000 x train.batch_size=64"),
+                             ([f"train.steps={MAX_POSITION + 1}"], "train.steps=2147483648 must be at most")):
+        with pytest.raises(ConfigError, match=field) as error:
+            validate(compose_config(overrides))
+        assert "\n" not in str(error.value)
+    # at the bound the order is still a permutation's element: in range at the last positions the cursor reads
+    last = jnp.array([0, MAX_POSITION - 1, MAX_POSITION], jnp.int32)
+    index = np.asarray(jax.jit(lambda p: example_indices(jax.random.key(0), MAX_POSITION, p))(last))
+    assert ((0 <= index) & (index < MAX_POSITION)).all() and len(set(index[:2])) == 2
 
 
 def test_tasks_with_their_own_sampler_draw_from_a_fixed_set_too():

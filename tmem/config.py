@@ -18,10 +18,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tasks import TASKS
+from tasks.examples import MAX_POSITION
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
 from tmem.mlps import CONFIGS as MLP_CONFIGS
 from tmem.schema import ClusterConfig, Config, LoggerConfig, ModelConfig, OptimConfig, TrainConfig
 from tmem.structured import structured
+
+
+INT32_MAX = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -65,7 +69,7 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
-        return structured(schema, values)
+        parsed = structured(schema, values)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]
@@ -75,6 +79,8 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     except (ValueError, TypeError) as e:
         message = str(e) if str(e).startswith(section) else f"{section}: {e}"
         raise ConfigError(message) from None
+    _int32(section, parsed)
+    return parsed
 
 
 def plain(config) -> dict:
@@ -82,6 +88,18 @@ def plain(config) -> dict:
     tuples as lists."""
     return dataclasses.asdict(config, dict_factory=lambda fields: {k: list(v) if isinstance(v, tuple) else v
                                                                    for k, v in fields})
+
+
+def _int32(section: str, parsed) -> None:
+    """Every integer of a group (a nested dataclass's too) in int32's range: tmem keeps counts, sizes, steps and
+    seeds in int32 on the device, where a larger one fails inside a jitted program (or wraps around silently)."""
+    for f in dataclasses.fields(parsed):
+        value = getattr(parsed, f.name)
+        if dataclasses.is_dataclass(value):
+            _int32(f"{section}.{f.name}", value)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+            raise ConfigError(f"{section}.{f.name}={value} must be at most {INT32_MAX} in size: tmem keeps "
+                              "counts, sizes, steps and seeds in int32")
 
 
 def _registered(section: str, node: Any, registry: dict):
@@ -206,7 +224,9 @@ def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
         return dataclasses.replace(optim, lr=optim.lr or mixer.lr, weight_decay=weight_decay or 0.0,
                                    decay_steps=optim.decay_steps or mixer.optim.decay_steps)
     except ValueError as e:
-        recipe = ", ".join(f"mixer.optim.{k}={v}" for k, v in dataclasses.asdict(mixer.optim).items() if v is not None)
+        recipe = ", ".join(f"mixer.{k}={v}" for k, v in (*((f"optim.{k}", v) for k, v in
+                                                            dataclasses.asdict(mixer.optim).items()), ("lr", mixer.lr))
+                           if v is not None)
         raise ConfigError(f"{e}; mixer={mixer.name} recommends {recipe}: set optim.* to train otherwise") from None
 
 
@@ -223,6 +243,11 @@ def _check_together(cfg: Config) -> None:
     examples = getattr(cfg.task, "train_examples", None)
     if examples is not None and examples < 1:
         raise ConfigError(f"task.train_examples={examples} must be at least 1 (or null: fresh examples every step)")
+    positions = cfg.train.steps * cfg.train.batch_size
+    if examples is not None and positions > MAX_POSITION + 1:
+        raise ConfigError(f"task.train_examples: train.steps={cfg.train.steps} x train.batch_size="
+                          f"{cfg.train.batch_size} reads {positions} stream positions of the fixed set, more than "
+                          f"its int32 cursor counts ({MAX_POSITION + 1}): lower train.steps")
     vectors = cfg.task.input_kind == "vectors"
     if vectors and cfg.model.read_in == "identity" and cfg.model.width != cfg.task.token_dim:
         raise ConfigError(f"model.width={cfg.model.width} must equal the task's token size {cfg.task.token_dim} "

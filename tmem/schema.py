@@ -167,8 +167,9 @@ class ClusterConfig:
         if self.process_id is not None and not 0 <= self.process_id < (self.processes or self.process_id + 1):
             raise ValueError(f"cluster.process_id={self.process_id} must be in 0..cluster.processes-1"
                              f" ({self.processes} processes)")
-        if self.coordinator is not None and ":" not in self.coordinator:
-            raise ValueError(f"cluster.coordinator={self.coordinator!r} must be host:port")
+        port = None if self.coordinator is None else self.coordinator.rpartition(":")[2]
+        if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"cluster.coordinator={self.coordinator!r} must be host:port, a port from 1 to 65535")
 
 
 def split_batch(batch_size: int, microbatch: int | None, devices: int) -> tuple[int, int]:
@@ -255,5 +256,7 @@ class Config:
     @property
     def decay_end(self) -> int:
         """The step the learning-rate decay ends at: optim.decay_steps (where validation puts the mixer's
-        recommendation), else train.steps."""
-        return self.optim.decay_steps or self.train.steps
+        recommendation), else train.steps; never before the warmup is over, since the schedule decays over at
+        least one step after it (tmem.train.optim). So a run shorter than its warmup has the end a resume can
+        name: optim.decay_steps must be more than optim.warmup_steps."""
+        return max(self.optim.decay_steps or self.train.steps, self.optim.warmup_steps + 1)

@@ -21,8 +21,8 @@ from tmem.layers import linear, rope
 from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers import flops as count
-from tmem.mixers.base import (GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads,
-                              resumable)
+from tmem.mixers.base import (GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_temperature,
+                              mask_heads, resumable)
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
@@ -67,6 +67,7 @@ class SoftmaxConfig(MixerConfig):
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}{was}")
         if self.heads < 1 or width % self.heads:
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
+        check_temperature(self.temperature)
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise ValueError(f"mixer.kv_heads={self.kv_heads} must divide mixer.heads={self.heads} (or be null)")
         for field in ("window", "train_length"):
@@ -230,7 +231,7 @@ class SoftmaxAttention(Mixer):
             n = visible_keys(q_pos, cfg.window)
             scale = (_per_query(logn_scale(n, cfg.train_length), heads=False) if cfg.length_scale == "logn"
                      else _per_query(ssmax_scale(n, self.ssmax_scale[...]), heads=True))
-        beta = cfg.temperature or (d**0.5 if cfg.qk_norm == "l2" else d**-0.5)
+        beta = cfg.temperature if cfg.temperature is not None else d**0.5 if cfg.qk_norm == "l2" else d**-0.5
         if self._fused(state, read_at):
             o_bthd = fused_read(q, k, v, beta, window=cfg.window,
                                 q_scale=None if scale is None else jnp.moveaxis(scale, 1, 2))

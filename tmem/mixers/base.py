@@ -172,6 +172,15 @@ def check_knobs(config: MixerConfig, *, choices: dict[str, tuple] | None = None,
         raise ValueError(f"mixer.short_conv={config.short_conv} must be 0 (none) or a kernel size")
 
 
+def check_temperature(temperature: float | None, learned: bool = False) -> None:
+    """The rule for beta, the inverse temperature of the softmax rows (softmax attention, Hopfield): null takes the
+    row's default, zero reads every visible key alike, and a negative beta would prefer the least similar key.
+    Zero only where beta is fixed: a learned one is kept as its log."""
+    if temperature is not None and (temperature < 0 or learned and temperature == 0):
+        raise ValueError(f"mixer.temperature={temperature} must be positive, zero (a uniform read"
+                         f"{'; not with mixer.learn_temperature' if learned else ''}) or null (the row's default)")
+
+
 def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
     """x [B, T, ...] at positions read_at [B, Q] -> [B, Q, ...]; all of x when read_at is None."""
     if read_at is None:

@@ -20,7 +20,7 @@ from flax import nnx, struct
 from tmem.layers import linear
 from tmem.memory.hopfield import hopfield_read
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_temperature, mask_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +46,7 @@ class HopfieldConfig(MixerConfig):
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
         if self.iterations < 1:
             raise ValueError(f"mixer.iterations={self.iterations} must be at least 1 (one update is one read)")
-        if self.temperature is not None and (self.temperature < 0 or self.learn_temperature and self.temperature == 0):
-            raise ValueError(f"mixer.temperature={self.temperature} must be positive (zero only when fixed)")
+        check_temperature(self.temperature, learned=self.learn_temperature)
 
     def state_size(self, width: int, seq_len: int) -> int:
         """One pattern of the width per token: half a key-value cache."""

@@ -18,6 +18,9 @@ def head_weights(model) -> dict[str, np.ndarray | None]:
 
     Returns E [V, D], U [D, V], P [T, D] or None (the learned position table,
     residual or shortformer), and W_Q, W_K, W_V [depth, H, D, d], W_O [depth, H, d, D].
+    With grouped keys and values (mixer.kv_heads = G < H) query head h reads
+    key-value head h // (H / G), so its W_K and W_V are that head's: every
+    per-head circuit is then the one the head computes.
     """
     E = np.asarray(model.embed.embedding[...], np.float64)
     U = E.T if model.unembed is None else np.asarray(model.unembed.kernel[...], np.float64)
@@ -25,13 +28,16 @@ def head_weights(model) -> dict[str, np.ndarray | None]:
     Q, K, V, O = [], [], [], []
     for block in model.blocks:
         mixer = block.mixer
-        H, d = mixer.heads, mixer.d_head
-        D = H * d
+        H, G, d = mixer.heads, mixer.kv_heads, mixer.d_head
+        D, E_kv = H * d, G * d
         qkv = np.asarray(mixer.qkv.kernel[...], np.float64)
-        split = lambda m: m.reshape(D, H, d).transpose(1, 0, 2)  # noqa: E731  [D, H*d] -> [H, D, d]
-        Q.append(split(qkv[:, :D]))
-        K.append(split(qkv[:, D:2 * D]))
-        V.append(split(qkv[:, 2 * D:]))
+
+        def split(m, heads):  # [D, heads*d] -> [H, D, d], each group's head repeated for its H / heads queries
+            return np.repeat(m.reshape(D, heads, d).transpose(1, 0, 2), H // heads, axis=0)
+
+        Q.append(split(qkv[:, :D], H))
+        K.append(split(qkv[:, D:D + E_kv], G))
+        V.append(split(qkv[:, D + E_kv:], G))
         O.append(np.asarray(mixer.out.kernel[...], np.float64).reshape(H, d, D))
     return {"E": E, "U": U, "P": P, "W_Q": np.stack(Q), "W_K": np.stack(K), "W_V": np.stack(V),
             "W_O": np.stack(O)}

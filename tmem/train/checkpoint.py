@@ -289,18 +289,26 @@ def _quiet():
 def _drop_late_read_errors() -> None:
     """Silence what a failed orbax read leaves behind (installed once, at the first read).
 
-    Its other reads of the step finish after orbax has closed the event loop
-    they report to: each is an unraisable "Event loop is closed" traceback, an
-    asyncio "Task exception was never retrieved" log naming an orbax
-    coroutine, or a coroutine never awaited. Dozens of them would bury the one
-    line that names the damage; any other error still prints.
+    orbax runs a step's reads in an event loop it closes without cancelling
+    them when one read fails (asyncio_utils._run_sync_via_new_loop). The other
+    reads of the step then end as they may: each finishing read reports to the
+    closed loop ("Event loop is closed", unraisable), a task fails that nobody
+    awaits (asyncio's "Task exception was never retrieved" log naming an orbax
+    coroutine), a coroutine was never awaited, or, once the garbage collector
+    gets to a read still pending in the closed loop, often many reads later,
+    closing it raises from orbax's own `except BaseException` (an unraisable
+    "Exception ignored in: <coroutine ...>" whose code is orbax's). Dozens of
+    these would bury the one line that names the damage; any other error still
+    prints.
     """
     previous = sys.unraisablehook
     if getattr(previous, "__name__", "") == "_late_read_error":
         return
 
     def _late_read_error(unraisable):
-        if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+        closed = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+        code = getattr(unraisable.object, "cr_code", None)  # a coroutine's code, where it is one
+        if not (closed or (code is not None and "orbax" in Path(code.co_filename).parts)):
             previous(unraisable)
 
     sys.unraisablehook = _late_read_error

@@ -19,6 +19,8 @@ ones) is process 0's, between two barriers.
 from __future__ import annotations
 
 import os
+import socket
+import time
 from typing import Mapping
 
 from tmem.config import ConfigError
@@ -125,7 +127,110 @@ def start(cfg: Config) -> None:
     if None in given and detected() is None:
         raise ConfigError("cluster=multihost found no cluster in the environment (SLURM, Open MPI, Cloud TPU): "
                           "set cluster.coordinator=host:port, cluster.processes and cluster.process_id")
+    if None not in given:
+        rendezvous(*given, timeout=cluster.timeout)
     jax.distributed.initialize(*given, initialization_timeout=cluster.timeout)
+
+
+class RendezvousFailed(RuntimeError):
+    """The run's processes did not all meet at the coordinator within cluster.timeout, in one line."""
+
+
+def rendezvous(coordinator: str, processes: int, process_id: int, timeout: float) -> None:
+    """Meet every process of the run at the coordinator's address before jax.distributed.initialize does.
+
+    JAX's own rendezvous aborts the process from C++ (SIGABRT and a stack
+    dump) when a peer does not arrive within its timeout, where Python can
+    neither report it in one line nor give the run directory back. This one is
+    plain TCP on the same port, before JAX binds it: process 0 listens and
+    counts the others as they connect, and when all have, tells each to go on,
+    so JAX's rendezvous then finds every process there. Raises RendezvousFailed.
+    """
+    if processes <= 1:
+        return
+    host, port = coordinator.rsplit(":", 1)
+    late = (f"within cluster.timeout={timeout} s: start every process with the same cluster.coordinator and "
+            "cluster.processes, or raise cluster.timeout")
+    if process_id == 0:
+        _gather(int(port), processes, time.monotonic() + timeout, f"cluster.coordinator={coordinator}", late)
+    else:
+        _join(host.strip("[]"), int(port), process_id, timeout, f"cluster.coordinator={coordinator}", late)
+
+
+def _gather(port: int, processes: int, deadline: float, where: str, late: str) -> None:
+    """Process 0's side: accept every other process's rank, then answer each `go` (or `abort` at the deadline)."""
+    try:
+        server = (socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+                  if socket.has_dualstack_ipv6() else socket.create_server(("", port)))
+    except OSError as e:
+        raise RendezvousFailed(f"{where}: process 0 cannot listen on port {port} ({e.strerror}): choose a free "
+                               "port") from None
+    joined: dict[int, socket.socket] = {}
+    with server:
+        while len(joined) < processes - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _answer(joined, b"abort\n")
+                missing = ", ".join(str(r) for r in range(1, processes) if r not in joined)
+                raise RendezvousFailed(f"{where}: {len(joined) + 1} of {processes} processes joined (missing: "
+                                       f"process_id {missing}) {late}")
+            server.settimeout(left)
+            try:
+                conn, _ = server.accept()
+                conn.settimeout(max(deadline - time.monotonic(), 0.1))
+                rank = int(_line(conn))
+            except (OSError, ValueError):  # the accept timed out, or a connection that sent no rank
+                continue
+            if 0 < rank < processes and rank not in joined:
+                joined[rank] = conn
+            else:
+                conn.close()
+        _answer(joined, b"go\n")
+
+
+def _answer(joined: dict[int, socket.socket], word: bytes) -> None:
+    """Tell every joined process `word`, and wait for it to hang up first (so the port JAX binds next is free)."""
+    for conn in joined.values():
+        with conn:
+            try:
+                conn.sendall(word)
+                conn.settimeout(5)
+                conn.recv(1)
+            except OSError:
+                pass
+
+
+def _join(host: str, port: int, process_id: int, timeout: float, where: str, late: str) -> None:
+    """Another process's side: connect (retrying until process 0 listens), send the rank, wait for the verdict."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 2), 0.1))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RendezvousFailed(f"{where}: process {process_id} found no process 0 listening {late}") from None
+            time.sleep(0.2)
+    with conn:
+        try:
+            conn.settimeout(timeout)  # process 0 answers once all have joined, or at its own deadline
+            conn.sendall(f"{process_id}\n".encode())
+            answer = _line(conn)
+        except OSError:
+            answer = ""
+    if answer != "go":
+        raise RendezvousFailed(f"{where}: process {process_id} joined, but not all processes did {late}")
+
+
+def _line(conn: socket.socket) -> str:
+    """One short line from a connection ("" if it closes first)."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 64:
+        chunk = conn.recv(64)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
 
 
 def is_primary() -> bool:

@@ -196,9 +196,10 @@ class Trainer:
             self._close(bar, exit_code=1)
             raise
         except CheckpointError:  # a save that failed: the earlier checkpoints stand, and the summary says so
-            with contextlib.suppress(OSError):  # unless the disk is full
-                self._write_summary({"status": "save_failed", "steps": step, "wall_seconds": self._seconds(),
-                                     "checkpoint_step": self.ckpts.latest_step(), **self._eval_metrics()})
+            with contextlib.suppress(OSError):  # unless the disk is full; with no checkpoint, train.py gives it back
+                if self.ckpts.latest_step() is not None:
+                    self._write_summary({"status": "save_failed", "steps": step, "wall_seconds": self._seconds(),
+                                         "checkpoint_step": self.ckpts.latest_step(), **self._eval_metrics()})
             self._close(bar, exit_code=1)
             raise
         summary = self._summary(status, step)

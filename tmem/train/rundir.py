@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ RESUMABLE = ("train.steps", "train.stop_after", "train.log_every", "train.eval_e
 INSPECT = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package", "--version", "-sc",
            "--shell-completion"}
 _held: list[int] = []  # file descriptors of the claims this process holds locked (closed when it exits)
+# each directory this process claimed for a new run -> (the names it held before, None if it did not exist; the
+# claim's locked descriptor), so `release` gives back only its own claims, and only what they added
+_claimed: dict[Path, tuple[frozenset[str] | None, int]] = {}
 
 
 def prepare(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
@@ -124,37 +128,85 @@ def claim(run_dir: Path, *, hydra_wrote: bool = False) -> None:
     """Make `run_dir` this process's run: one exclusive create, so of two racing commands one wins.
 
     `hydra_wrote`: a sweep's job, whose `.hydra/` Hydra writes before the job
-    can claim it (in a sweep directory `prepare` claimed fresh).
+    can claim it (in a sweep directory `prepare` claimed fresh). A claim left
+    by a command that died before its run had a checkpoint or a summary
+    (killed, or aborted where Python could not give the directory back) is
+    taken over: nothing of a run is there, and nobody holds its lock.
     """
     run_dir = Path(run_dir)
     refused = ConfigError(f"hydra.run.dir={run_dir} already holds a run: continue it with train.resume=true, "
                           "or choose another hydra.run.dir")
+    fd = None
     if not hydra_wrote and holds_run(run_dir):
-        raise refused
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        raise refused from None
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file yet: this cannot block
+        fd = _take_abandoned(run_dir)
+        if fd is None:
+            raise refused
+        _remove_written(run_dir, existed=frozenset(), claim=False)  # what the dead command wrote, its marker now ours
+        os.ftruncate(fd, 0)
+    existed = frozenset(p.name for p in run_dir.iterdir()) - {CLAIM} if run_dir.is_dir() else None
+    if fd is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            raise refused from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file yet: this cannot block
     claimed = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.write(fd, (json.dumps(claimed) + "\n").encode())
     _held.append(fd)
+    _claimed[run_dir.absolute()] = (existed, fd)
+
+
+def _take_abandoned(run_dir: Path) -> int | None:
+    """The claim marker of `run_dir` locked by this process, if its command died before the run started (no
+    checkpoint, no summary, and nobody holds the lock); else None."""
+    if not (run_dir / CLAIM).is_file() or _has_results(run_dir):
+        return None
+    fd = os.open(run_dir / CLAIM, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:  # its command is alive: still starting, or training
+        os.close(fd)
+        return None
+
+
+def _has_results(run_dir: Path) -> bool:
+    """A summary, or a checkpoints folder holding anything (a step, finished, partial or moved aside as damaged)."""
+    steps = run_dir / "checkpoints"
+    return (run_dir / "summary.json").exists() or (steps.is_dir() and any(steps.iterdir()))
 
 
 def release(run_dir: Path) -> None:
-    """Give back a claimed directory whose run never started (refused by a check that needed the devices).
+    """Give back a directory this process claimed for a run that never started: the command failed before the
+    run had a checkpoint or a summary (a late config error, a failed rendezvous, an error building or compiling,
+    a first save that failed).
 
-    Only what the claim and Hydra wrote goes: the marker, `.hydra/` and the
-    job's log. A directory holding checkpoints or a summary is a run and stays
-    as it is, and so does anything else found in it.
+    What the claim, Hydra and the run's first moments wrote goes (the marker,
+    `.hydra/`, the job's log, an empty checkpoints folder, the wandb files),
+    so the same command can run again; anything that was there before the
+    claim stays. A run with a checkpoint or a summary stays as it is, and so
+    does a directory this process did not claim (a resumed run).
     """
-    run_dir = Path(run_dir)
-    if any((run_dir / f).exists() for f in ("summary.json", "checkpoints")):
+    key = Path(run_dir).absolute()
+    if key not in _claimed or _has_results(key):
         return
-    for name in (CLAIM, ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log"):
+    existed, fd = _claimed.pop(key)
+    _remove_written(key, existed)
+    _held.remove(fd)
+    os.close(fd)
+
+
+def _remove_written(run_dir: Path, existed: frozenset[str] | None, claim: bool = True) -> None:
+    """Remove what a claimed run writes before its first checkpoint, except what was there before the claim
+    (`existed`: the names the directory held; None: it did not exist, so it goes too once empty)."""
+    for name in ((CLAIM,) if claim else ()) + (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
+                                                "train.log"):
         (run_dir / name).unlink(missing_ok=True)
-    for folder in (run_dir / ".hydra", run_dir):
+    for name in ("wandb", "checkpoints"):
+        if name not in (existed or ()) and (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name, ignore_errors=True)
+    for folder in (run_dir / ".hydra", *([run_dir] if existed is None else [])):
         try:
             folder.rmdir()
         except OSError:  # missing, or holding something this process did not write

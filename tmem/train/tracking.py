@@ -75,3 +75,9 @@ class Tracker:
 
     def finish(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def finish_open(exit_code: int) -> None:
+    """Finish the wandb run this process has open, if any (a run that stopped on an error before closing its own)."""
+    if wandb.run is not None:
+        wandb.run.finish(exit_code=exit_code)
