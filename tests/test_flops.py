@@ -26,7 +26,11 @@ chunked_module = importlib.import_module("tmem.memory.chunked")  # tmem.memory's
 
 # a mixer YAML that names no row of its own (regression: a cell of a grid, resolved to a row's config when
 # validated) is counted as that row
-ROWS = sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml") if p.stem in MIXERS)
+# rows whose count is still to be written (Mamba-1's scans, RWKV-7's chunked generalised delta rule): refused in
+# one line, never counted as zero (test_every_row_is_counted_and_a_row_without_a_count_is_refused)
+UNCOUNTED_ROWS = {"mamba", "rwkv7"}
+ROWS = sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml") if p.stem in MIXERS and
+              p.stem not in UNCOUNTED_ROWS)
 FAST_WEIGHT = {row for row in ROWS if MIXERS[row].config is FastWeightConfig}
 # the quick subset counts a fast-weight row here (linear attention: the quickest to compile, 7 s for gated DeltaNet
 # from an empty cache) and softmax with every option below; the full suite every row
@@ -97,7 +101,11 @@ def test_the_count_of_a_loop_free_step_matches_xla(row):
 
 def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
     """A new row whose config type MIXER_FLOPS lacks is refused, never counted as zero."""
-    assert {row.config for row in MIXERS.values()} - {NoneConfig} <= set(MIXER_FLOPS)
+    counted = {row.config for name, row in MIXERS.items() if name not in UNCOUNTED_ROWS}
+    assert counted - {NoneConfig} <= set(MIXER_FLOPS)
+    for row in sorted(UNCOUNTED_ROWS):
+        with pytest.raises(Uncounted, match=f"mixer '{row}' has no FLOP count: add one"):
+            step_flops(config(f"mixer={row}"))
     monkeypatch.delitem(MIXER_FLOPS, TitansConfig)
     with pytest.raises(Uncounted, match="mixer 'titans' has no FLOP count: add one"):
         step_flops(config("mixer=titans"))

@@ -33,7 +33,9 @@ from flax import nnx
 from tasks import heldout
 from tmem.mixers.fast_weight import FastWeightState
 from tmem.mixers.lsa import Store
+from tmem.mixers.mamba import MambaState
 from tmem.mixers.mesa import MesaState
+from tmem.mixers.rwkv7 import RWKV7State
 from tmem.mixers.titans import GradientState
 from tmem.mixers.ttt import TTTState
 from tmem.probes.base import Probe, ProbeInput
@@ -108,12 +110,17 @@ def stored_positions(task) -> tuple[np.ndarray, np.ndarray]:
 def matrix_memory(layer, state) -> tuple[np.ndarray | None, str | None]:
     """The final state's matrix [B, H, d_k, d_v] (key-major, read x S) and None, or None and why there is none.
 
-    Fast-weight rows: S without linear attention's normaliser column. Mesa: G, the gated sum of k v^T (H,
+    Fast-weight rows: S without linear attention's normaliser column; RWKV-7 its memory; Mamba-1 its S
+    transposed, as one head. Mesa: G, the gated sum of k v^T (H,
     the keys' second moment, only whitens the query). TTT-Linear: the weights the last token read with,
     W_0 - tok_i dW when a mini-batch is open. Titans with a linear memory: A M_0 + U, its weights now.
     """
     if isinstance(state, FastWeightState):
         return np.asarray(state.memory[..., :layer.d_value]), None
+    if isinstance(state, RWKV7State):
+        return np.asarray(state.memory), None
+    if isinstance(state, MambaState):  # S [B, d, N] read S C: one head whose keys are B (N wide), values d wide
+        return np.swapaxes(np.asarray(state.memory), -1, -2)[:, None], None
     if isinstance(state, MesaState):
         return np.asarray(state.G), None
     if isinstance(state, Store):
