@@ -126,7 +126,7 @@ def test_the_layer_equals_its_written_out_definition(form):
     with jax.default_matmul_precision("highest"):
         y, state = layer(x)
     np.testing.assert_allclose(y, definition(layer, x), rtol=1e-4, atol=1e-5)
-    assert state.memory.shape == (2, 2, 4, 4) and state.length == 7
+    assert state.memory.shape == (2, 4, 2, 2) and state.length == 7  # four heads of 2
 
 
 def test_the_decay_biases_state_size_and_heads():
