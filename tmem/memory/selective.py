@@ -11,8 +11,9 @@ decay exp(dt_t[c] A[c, n]) differs per (channel, state) entry rather than per
 head: no C x C decay matrix serves a chunk, so the fast-weight rows' chunked
 form (tmem.memory.chunked) does not apply. Two forms here instead:
 
-* `scan`, the definition: one token at a time (lax.scan), the state alone kept;
-* `parallel`, for training: the recurrence is the linear map h -> a h + u, and
+* `scan`, the definition: one token at a time (lax.scan), the state alone kept,
+  which the layer trains in (faster on a CPU: docs/rows.md);
+* `parallel`: the recurrence is the linear map h -> a h + u, and
   composing two of them is associative, (a1, u1) then (a2, u2) = (a1 a2, a2 u1 + u2),
   so `jax.lax.associative_scan` computes every S_t in log2(T) rounds, each
   elementwise over [B, T, d, N] (Blelloch's scan; recurrentgemma's option for

@@ -45,7 +45,7 @@ MIXERS: dict[str, Row] = {
     "mamba2": FAST_WEIGHT,
     "deltanet": FAST_WEIGHT,
     "gated_deltanet": FAST_WEIGHT,
-    "mamba": Row(MambaConfig, Mamba),  # Mamba-1: a decay per (channel, state) entry, an associative scan
+    "mamba": Row(MambaConfig, Mamba),  # Mamba-1: a decay per (channel, state) entry, a token scan
     "rwkv7": Row(RWKV7Config, RWKV7),  # the generalised delta rule: per-channel decay, removal along its own key
     "mesa": Row(MesaConfig, Mesa),  # online ridge regression: the optimiser "solve" (MesaNet)
     "ttt_linear": Row(TTTConfig, TTT),  # mini-batch gradient steps on x + LN(x W + b) (TTT-Linear)
