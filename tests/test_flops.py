@@ -26,9 +26,9 @@ chunked_module = importlib.import_module("tmem.memory.chunked")  # tmem.memory's
 
 # a mixer YAML that names no row of its own (regression: a cell of a grid, resolved to a row's config when
 # validated) is counted as that row
-# rows whose count is still to be written (Mamba-1's scans, RWKV-7's chunked generalised delta rule): refused in
-# one line, never counted as zero (test_every_row_is_counted_and_a_row_without_a_count_is_refused)
-UNCOUNTED_ROWS = {"mamba", "rwkv7"}
+# rows whose count is still to be written (Mamba-1's scans): refused in one line, never counted as zero
+# (test_every_row_is_counted_and_a_row_without_a_count_is_refused)
+UNCOUNTED_ROWS = {"mamba"}
 ROWS = sorted(p.stem for p in (ROOT / "configs" / "mixer").glob("*.yaml") if p.stem in MIXERS and
               p.stem not in UNCOUNTED_ROWS)
 FAST_WEIGHT = {row for row in ROWS if MIXERS[row].config is FastWeightConfig}

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tmem.memory.flops import GELU, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual
+from tmem.memory.flops import (GELU, PRODUCT, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent,
+                               rwkv7_chunked, ttt_dual)
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.hopfield import HopfieldConfig
 from tmem.mixers.lsa import LSAConfig
 from tmem.mixers.mesa import MesaConfig
+from tmem.mixers.rwkv7 import SHIFTED, RWKV7Config
 from tmem.mixers.titans import TitansConfig
 from tmem.mixers.ttt import TTTConfig
 
@@ -307,5 +309,35 @@ def titans(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fa
     return parts
 
 
+def rwkv7(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.rwkv7: the token shift's six mixes, r, k and v, the low-rank maps of the decay, the rate and
+    the gate, the removal and replacement keys, the memory (the chunked form), and at the read positions the
+    group norm, the bonus, the gate and the output map (the reads gathered there, their gradients scattered
+    back)."""
+    c, D = cfg.mixer, cfg.model.width
+    training_form(c, "chunked")
+    H, N, R, r = c.heads, B * T, B * (Q or T), c.rank
+    grads = 2 if input_grad else 1
+    mixes = len(SHIFTED)
+    parts = Counter()
+    parts["mixer/projections"] += 3 * matmul(N, D, D, grads) + 2 * (matmul(N, D, r, grads) + matmul(N, r, D))
+    parts["mixer/projections"] += matmul(R, D, r, grads) + matmul(R, r, D) + matmul(R, D, D)  # the gate, out
+    # the shift x_{t-1} - x_t; the mixes x + mu (shift) and their gradients (mu's summed over the tokens, the
+    # shift's and x's summed over the mixes)
+    gates = 2 * N * D + mixes * N * D * 2 + mixes * N * D * 2 + (2 * mixes - 1) * N * D + (mixes - 1) * N * D
+    gates += 2 * N * D + elementwise(N * D, SIGMOID) + 2 * N * D + 3 * N * r  # log w: w0 +, sigmoid, scale; tanh
+    gates += 2 * N * D + elementwise(N * D, SIGMOID)  # a: a0 +, sigmoid
+    gates += elementwise(N * D, PRODUCT) + N * D + elementwise(N * D, L2_NORMALIZE)  # kh = unit(k * k_k)
+    gates += 10 * N * D  # kt = k * (1 + (a - 1) * k_a) and its gradients
+    gates += 12 * R * D + R * D  # the bonus (r . (rho * kt)) v and its add
+    gates += elementwise(R * r, SIGMOID) + elementwise(R * D, PRODUCT)  # the gate's sigmoid, o * g
+    gates += 5 * R * D if Q else 0  # r, kt, v, o and the gate's mix read at Q: their gradients scattered back
+    parts["mixer/gates"] += gates
+    parts["norms"] += norm("layernorm", R * D)
+    parts["mixer/memory"] += rwkv7_chunked(B * H, T, D // H, c.chunk, once)
+    return parts
+
+
 MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight,
-               HopfieldConfig: hopfield, MesaConfig: mesa, TTTConfig: ttt, TitansConfig: titans}
+               HopfieldConfig: hopfield, MesaConfig: mesa, TTTConfig: ttt, TitansConfig: titans,
+               RWKV7Config: rwkv7}
