@@ -418,3 +418,13 @@ def rwkv7_chunked(BH: int, T: int, d: int, chunk: int, once: bool = False) -> in
         flops += matmul(chunks * d, C, d) + elementwise(rows * d, PRODUCT) + matmul(rows, d, d) + rows * d
         flops += (1 if once else N) * (matmul(BH * C, d, d) + matmul(BH * d, C, d) + 4 * BH * d * d)
     return flops
+
+
+def selective_scan(B: int, T: int, d: int, N: int, reads: int | None, once: bool = False) -> int:
+    """tmem.memory.selective.scan for B examples of d channels with N states each, over T tokens (once: one step,
+    as XLA counts the scan): every step decays, writes and reads the d x N state, forward and backward, and
+    accumulates A's gradient. XLA's CPU count of one step is 29 per state element, 3 per channel, less 1 per
+    state of each example (fitted exactly over eight shapes); reads: the rows kept after the scan, whose
+    gradients are scattered back."""
+    flops = (1 if once else T) * (29 * B * d * N + 3 * B * d - B * N)
+    return flops if reads is None else flops + reads * d

@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections import Counter
 
 from tmem.memory.flops import (GELU, PRODUCT, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent,
-                               rwkv7_chunked, ttt_dual)
+                               rwkv7_chunked, selective_scan, ttt_dual)
 from tmem.mixers.attention import SoftmaxConfig
 from tmem.mixers.fast_weight import GLA_RANK, FastWeightConfig
 from tmem.mixers.hopfield import HopfieldConfig
 from tmem.mixers.lsa import LSAConfig
+from tmem.mixers.mamba import MambaConfig
 from tmem.mixers.mesa import MesaConfig
 from tmem.mixers.rwkv7 import SHIFTED, RWKV7Config
 from tmem.mixers.titans import TitansConfig
@@ -338,6 +339,28 @@ def rwkv7(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fal
     return parts
 
 
+def mamba(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
+    """tmem.mixers.mamba in its training form, the token scan: the in-projection, the convolution with its bias
+    and SiLU, the maps to dt's bottleneck, B and C and from it to dt (with a bias) and softplus, A = -exp(A_log),
+    the scan, and at the read positions the skip D x, the gate silu(z) and the output map. The associative scan
+    (form=parallel) has no count: XLA's CPU count of it grows as T log T, its fusions recomputing the rounds."""
+    c, D = cfg.mixer, cfg.model.width
+    training_form(c, "scan")
+    d, Ns, R_dt = c.expand * D, c.d_state, c.rank(D)
+    N, R = B * T, B * (Q or T)
+    parts = Counter()
+    parts["mixer/projections"] += (matmul(N, D, 2 * d, 2 if input_grad else 1) + matmul(N, d, R_dt + 2 * Ns)
+                                   + matmul(N, R_dt, d) + 2 * N * d + matmul(R, d, D))
+    if c.short_conv:
+        parts["mixer/conv"] += short_conv(B, T, d, c.short_conv) + 2 * N * d
+    gates = elementwise(N * d, SOFTPLUS) + 3 * d * Ns  # dt's softplus; A = -exp(A_log) and its gradient
+    gates += 5 * R * d + elementwise(R * d, SILU) + elementwise(R * d, PRODUCT)  # + D x; * silu(z)
+    gates += 2 * R * d if Q else 0  # x and z read at Q: their gradients scattered back
+    parts["mixer/gates"] += gates
+    parts["mixer/memory"] += selective_scan(B, T, d, Ns, None if Q is None else B * Q, once)
+    return parts
+
+
 MIXER_FLOPS = {SoftmaxConfig: softmax_attention, LSAConfig: linear_self_attention, FastWeightConfig: fast_weight,
                HopfieldConfig: hopfield, MesaConfig: mesa, TTTConfig: ttt, TitansConfig: titans,
-               RWKV7Config: rwkv7}
+               RWKV7Config: rwkv7, MambaConfig: mamba}
