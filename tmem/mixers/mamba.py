@@ -29,8 +29,9 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, linear, short_conv
 from tmem.memory import selective
 from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers.fast_weight import DT_RANGE, _inverse_softplus  # Mamba-2's dt initialisation is Mamba-1's
 
-DT_RANGE, DT_FLOOR = (1e-3, 1e-1), 1e-4  # the reference's dt_min, dt_max and dt_init_floor
+DT_FLOOR = 1e-4  # the reference's dt_init_floor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +64,6 @@ class MambaState(MixerState):
 
     memory: jax.Array
     conv: jax.Array | None
-
-
-def _inverse_softplus(y):
-    return y + jnp.log(-jnp.expm1(-y))
 
 
 class Mamba(Mixer):
