@@ -351,9 +351,11 @@ def mamba(cfg, B: int, T: int, Q: int | None, input_grad: bool, once: bool = Fal
     parts = Counter()
     parts["mixer/projections"] += (matmul(N, D, 2 * d, 2 if input_grad else 1) + matmul(N, d, R_dt + 2 * Ns)
                                    + matmul(N, R_dt, d) + 2 * N * d + matmul(R, d, D))
+    gates = elementwise(N * d, SOFTPLUS) + 3 * d * Ns  # dt's softplus; A = -exp(A_log) and its gradient
     if c.short_conv:
         parts["mixer/conv"] += short_conv(B, T, d, c.short_conv) + 2 * N * d
-    gates = elementwise(N * d, SOFTPLUS) + 3 * d * Ns  # dt's softplus; A = -exp(A_log) and its gradient
+    else:  # x's SiLU alone
+        gates += elementwise(N * d, SILU)
     gates += 5 * R * d + elementwise(R * d, SILU) + elementwise(R * d, PRODUCT)  # + D x; * silu(z)
     gates += 2 * R * d if Q else 0  # x and z read at Q: their gradients scattered back
     parts["mixer/gates"] += gates
