@@ -5,8 +5,8 @@ before the mixers and models moved onto one interface; test_golden.py holds
 today's code to it, so a refactor that changes any row's math or initialisation
 shows up as a failing case. Re-record only for a change meant to alter the math,
 and say so in the commit. Changes since: `record_cases` added the hopfield row's
-cases when the row was added (and the mesa, ttt_linear, ttt_mlp and titans rows' when they were),
-and re-recorded tokens-mamba2 and vectors-mamba2 when the row's default became
+cases when the row was added (and the mesa, ttt_linear, ttt_mlp, titans, mamba and rwkv7 rows' when they
+were), and re-recorded tokens-mamba2 and vectors-mamba2 when the row's default became
 Mamba-2's reference layer, tokens-linear and vectors-linear when linear
 attention's q and k became unit vectors, the gated_deltanet cases when its
 gate became a sigmoid, tokens-gla and tokens-gla-mlp when GLA's forget gate
@@ -62,11 +62,13 @@ BEFORE = {"mamba2": ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.out
 MLP_SWITCHES = {"relu3": ["mlp=relu3"], "moe": ["mlp=moe", "mlp.experts=4", "mlp.block=4"],
                 "pkm": ["mlp=pkm", "mlp.keys=8", "mlp.top_k=4", "mlp.heads=2"]}
 
+HEADLESS = {"none", "mamba"}  # rows without a heads knob
+
 
 def _with_heads(base, mixer):
-    """Two heads, or none for the mixer without heads (whose key the icl_gd experiment would still set)."""
+    """Two heads, or none for a mixer without heads (whose key the icl_gd experiment would still set for none)."""
     heads = ["~mixer.heads"] if mixer == "none" and "experiment=icl_gd" in base else []
-    return [*base, f"mixer={mixer}", *(heads if mixer == "none" else ["mixer.heads=2"])]
+    return [*base, f"mixer={mixer}", *(heads if mixer in HEADLESS else ["mixer.heads=2"])]
 
 
 def cases() -> dict[str, list[str]]:

@@ -53,7 +53,7 @@ def test_eval_config_composes():
     (["train.steps=0"], "train.steps=0 must be positive"),
     (["task.num_kv_pairs=40"], "task.num_kv_pairs too large"),
     (["+task.keys=3"], "task.keys: unknown field"),
-    (["mixer.name=mamba"], "mixer.name='mamba' is not one of: softmax, hopfield, lsa, linear"),
+    (["mixer.name=mamba3"], "mixer.name='mamba3' is not one of: softmax, hopfield, lsa, linear"),
     # values that trained, compiled or reported completion before they were refused
     (["task.num_kv_pairs=0"], "task.num_kv_pairs must be at least 1"),
     (["task.num_passes=0"], "task.num_passes must be at least 1"),

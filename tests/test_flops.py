@@ -34,9 +34,9 @@ QUICK = {"linear"}
 
 # XLA fuses a cheap elementwise producer into every fusion that reads it (the SiLU after the short
 # convolution, the convolution's input gradient, a norm's statistics, a mask) and counts, and runs, each copy;
-# the analytic count has each op once. On the loop-free default job the analytic total is 0.3 to 1.6% below
-# XLA's (ttt_linear 1.6%, titans 1.4%, deltanet 1.3%, none 1.3%, gated_deltanet 1.2%, linear, mesa and ttt_mlp
-# 1.0%, gla 0.8%, softmax 0.7%, retnet 0.3%); the matmuls, 90 to 97% of a step, agree. 5% leaves room for
+# the analytic count has each op once. On the loop-free default job the analytic total is 0.3 to 2.6% below
+# XLA's (rwkv7 2.6%, ttt_linear 1.6%, titans 1.4%, deltanet 1.3%, none 1.3%, gated_deltanet 1.2%, linear, mesa and
+# ttt_mlp 1.0%, gla 0.8%, softmax 0.7%, mamba 0.6%, retnet 0.3%); the matmuls, 90 to 97% of a step, agree. 5% leaves room for
 # another XLA version's fusion decisions, and is far below the factor of 2 (or of the number of chunks) that a
 # loop's body counted once makes.
 TOLERANCE = 0.05
@@ -89,9 +89,14 @@ def loop_free(row: str) -> tuple[str, ...]:
     return (f"mixer={row}", "train.microbatch=null", *chunk, *LOOP_FREE.get(row, ()))
 
 
+# rows that train in a scan over the tokens (Mamba-1): their job is loop-free but for it, and XLA counts its step once
+TOKEN_SCAN = {"mamba"}
+
+
 @pytest.mark.parametrize("row", quick_only(ROWS, QUICK))
 def test_the_count_of_a_loop_free_step_matches_xla(row):
-    analytic, xla = step_flops(config(*loop_free(row)))["total"], xla_flops(*loop_free(row))
+    cfg = config(*loop_free(row))
+    analytic, xla = step_flops(cfg, loop_bodies_once=row in TOKEN_SCAN)["total"], xla_flops(*loop_free(row))
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{row}: analytic {analytic:.4g}, XLA {xla:.4g}"
 
 
@@ -104,10 +109,12 @@ def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
 
 
 # forms no count covers: the definitions the training forms are tested against (token loops), mesa's exact
-# solve, a LAPACK call that XLA's cost analysis counts as nothing, and mesa's chunked CG (its long-sequence form,
-# which auto takes from tmem.mixers.mesa.CHUNKED_FROM tokens, longer than the jobs the counts serve)
+# solve, a LAPACK call that XLA's cost analysis counts as nothing, mesa's chunked CG (its long-sequence form,
+# which auto takes from tmem.mixers.mesa.CHUNKED_FROM tokens, longer than the jobs the counts serve), and Mamba's
+# associative scan, whose count by XLA grows as T log T (its fusions recompute the scan's rounds)
 UNCOUNTED_FORMS = [("mesa", "form=recurrent"), ("mesa", "solver=cholesky"), ("mesa", "form=chunked"),
-                   ("ttt_mlp", "form=recurrent"), ("titans", "form=recurrent")]
+                   ("ttt_mlp", "form=recurrent"), ("titans", "form=recurrent"), ("mamba", "form=parallel"),
+                   ("rwkv7", "form=recurrent")]
 
 
 @pytest.mark.slow  # cheap, but the quick subset has its refusal above
