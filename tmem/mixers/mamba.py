@@ -124,7 +124,7 @@ class Mamba(Mixer):
                  qk_positions=None):
         """The protocol's call (tmem.mixers.base.Mixer)."""
         del qk_positions  # validation gives it only to rows that take it
-        cfg, (B, T, _) = self.cfg, x_btd.shape
+        cfg, (_, T, _) = self.cfg, x_btd.shape
         N = cfg.d_state
         x, z = jnp.split(self.in_proj(x_btd), 2, axis=-1)
         tail = None
