@@ -323,7 +323,7 @@ def test_the_count_of_a_vector_task_matches_xla():
 
 @pytest.mark.parametrize("row", quick_only(ROWS, {"softmax", "retnet"}))  # the quick subset: RetNet's shared decay
 def test_everything_but_the_optimizer_doubles_with_the_batch(row):
-    """RetNet's fixed decay is made once for the whole batch: its factors are the one other part that stays."""
+    """RetNet's fixed decay is made once for the whole batch, and Mamba's A from its log: the parts that stay."""
     one, two = (step_flops(config(*loop_free(row), f"train.batch_size={b}")) for b in (64, 128))
     shared = 0
     if row == "retnet":  # for H heads of one chunk of 64: the cumulative log decay (a matmul with a triangle of
@@ -331,6 +331,9 @@ def test_everything_but_the_optimizer_doubles_with_the_batch(row):
         H = config(f"mixer={row}").mixer.heads
         shared = 2 * (2 * H * 64 * 64) + 2 * H * 64 * 64
         assert 0 < shared < 0.01 * one["mixer/memory"]
+    if row == "mamba":  # A = -exp(A_log) and its gradient, once for the batch in each of the two layers
+        mixer = config(f"mixer={row}").mixer
+        shared = 2 * 3 * mixer.expand * 64 * mixer.d_state
     assert two["total"] - two["optimizer"] == 2 * (one["total"] - one["optimizer"]) - shared
     assert two["optimizer"] == one["optimizer"]
 
