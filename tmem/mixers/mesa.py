@@ -7,7 +7,8 @@ values on the keys, o_t = G_t (H_t + Lambda)^{-1} q_t, at every token
 (anchors/mixers.md 4.3): q, k, v projections without bias; a short causal
 convolution with SiLU on q and k (not v); unit (L2-normalised) q and k, no q
 scale; forget gate a_t = sigmoid(W_a x + b_a) and input gate
-beta_t = sigmoid(W_b x + b_b), one per head (`write_strength=one`: beta_t = 1);
+beta_t = sigmoid(W_b x + b_b), one per head (`write_strength=one`: beta_t = 1,
+as the grid's exact cells whose weights do not come from the token have it);
 Lambda = softplus(p) + 0.25 per head and key channel, started at 1 and never
 decayed; an RMSNorm of each head's read (optionally gated) and the output map.
 """
@@ -85,11 +86,13 @@ class MesaConfig(MixerConfig):
         weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
         return weights, "linear", "exact", "zero"
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MesaConfig | None:
-        """Every exact cell: the solve, with the cell's weights as its forgetting."""
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> MesaConfig | None:
+        """Every exact cell of a linear memory: the solve, with the cell's weights as its forgetting."""
         if cell[1:] != ("linear", "exact", "zero"):
             return None
-        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads)
+        strength = {None: self.write_strength, "learned": "sigmoid", "none": "one"}[write_strength]
+        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads, write_strength=strength)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
