@@ -185,14 +185,15 @@ def ridge_read(q, k, v, lam):
     return jnp.stack(out, axis=1)
 
 
-@pytest.mark.parametrize("weights", ["uniform", "gate"])
-def test_the_uniform_exact_cell_weighs_every_pair_alike(weights):
-    """The ridge regression of the prefix with unit weights: no learned write strength, no `write` parameters;
-    the gated cell (MesaNet's) keeps its beta, so the same check fails there."""
-    cfg = mixer_of("mixer=regression", "mixer.optimizer=exact", f"mixer.weights={weights}")
+@pytest.mark.parametrize("strength", ["auto", "learned"])
+def test_the_uniform_exact_cell_weighs_every_pair_alike(strength):
+    """The ridge regression of the prefix with unit weights: no learned write strength, no `write` parameters.
+    Told to learn one, the same cell weighs each pair by it, and the same check fails."""
+    cfg = mixer_of("mixer=regression", "mixer.optimizer=exact", f"mixer.write_strength={strength}")
     cfg = dataclasses.replace(cfg, short_conv=0, solver="cholesky", form="parallel")  # q, k read off the maps
     layer = layer_of(cfg)(cfg, WIDTH, rope=False, rngs=nnx.Rngs(0))
-    assert (cfg.write_strength, hasattr(layer, "write")) == (("one", False) if weights == "uniform"
+    assert cfg.forget == "none"
+    assert (cfg.write_strength, hasattr(layer, "write")) == (("one", False) if strength == "auto"
                                                              else ("sigmoid", True))
     x = jax.random.normal(jax.random.key(1), (2, T, WIDTH))
     H, d = cfg.heads, WIDTH // cfg.heads
@@ -203,4 +204,4 @@ def test_the_uniform_exact_cell_weighs_every_pair_alike(weights):
         o = ridge_read(q, k, v, lam)
         expected = layer.out(layer.norm(o).reshape(2, T, WIDTH))
         y = layer(x)[0]
-    assert bool(jnp.allclose(y, expected, atol=1e-4)) == (weights == "uniform")
+    assert bool(jnp.allclose(y, expected, atol=1e-4)) == (strength == "auto")
