@@ -143,15 +143,17 @@ def test_the_count_of_the_softmax_options_matches_xla(options):
 
 
 # the hopfield row's unrolled updates and learned beta; Mamba-2's layer before its reference (per-head B and C, no
-# conv bias, per-head norm, gate after it)
+# conv bias, per-head norm, gate after it); the mesa layer as the grid's uniform exact cell (no gate trains: XLA
+# folds the constant mask they leave)
 ROW_OPTIONS = [("hopfield", "mixer.iterations=3", "mixer.learn_temperature=true"),
                ("mamba2", "mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
-                "mixer.gate_before_norm=false")]
+                "mixer.gate_before_norm=false"),
+               ("mesa", "mixer.forget=none", "mixer.write_strength=one")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", ROW_OPTIONS, ids=lambda o: " ".join(o))
-def test_the_count_of_the_hopfield_and_mamba2_options_matches_xla(options):
+def test_the_count_of_the_hopfield_mamba2_and_mesa_options_matches_xla(options):
     overrides = (*loop_free(options[0]), *options[1:])
     analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"{options}: analytic {analytic:.4g}, XLA {xla:.4g}"

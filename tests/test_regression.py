@@ -12,6 +12,7 @@ from flax import nnx
 from conftest import compose_config, quick_only
 from tmem.config import ConfigError, validate
 from tmem.mixers import layer_of, row_configs
+from tmem.train.build import build
 
 WIDTH, T = 16, 8
 
@@ -27,9 +28,10 @@ NAMED = {
     "ttt_linear": ["mixer.weights=uniform", "mixer.function=linear", "mixer.optimizer=minibatch"],
     "ttt_mlp": ["mixer.weights=uniform", "mixer.function=mlp", "mixer.optimizer=minibatch"],
     "titans": ["mixer.weights=uniform", "mixer.function=mlp", "mixer.optimizer=momentum", "mixer.weight_decay=gated"],
+    "softmax": ["mixer.weights=similarity", "mixer.function=nonparametric", "mixer.optimizer=exact"],
 }
 # a named cell whose config equals its row's builds the same layer: the function is checked once per family
-QUICK = {"mamba2", "gated_deltanet", "mesa", "ttt_mlp", "titans"}
+QUICK = {"mamba2", "gated_deltanet", "mesa", "ttt_mlp", "titans", "softmax"}
 
 
 @lru_cache(maxsize=None)  # composing is most of a config test's cost, and the named rows are composed twice
@@ -123,6 +125,20 @@ def test_the_memorys_knobs_follow_the_cell():
     assert (momentum.mini_batch, momentum.momentum, momentum.forget, momentum.initial) == (8, True, "none", "zero")
 
 
+def test_the_write_strength_is_its_own_knob():
+    """auto: learned in an exact cell only where the weights come from the token (MesaNet's beta), the row's own
+    elsewhere; learned or none sets it on whatever layer computes the cell."""
+    exact = {weights: mixer_of("mixer=regression", "mixer.optimizer=exact", f"mixer.weights={weights}")
+             for weights in ("uniform", "decay", "gate")}
+    assert {w: (c.forget, c.write_strength) for w, c in exact.items()} == {
+        "uniform": ("none", "one"), "decay": ("fixed", "one"), "gate": ("gate", "sigmoid")}
+    assert mixer_of("mixer=regression", "mixer.optimizer=exact", "mixer.write_strength=learned").write_strength == \
+        "sigmoid"
+    assert mixer_of("mixer=regression", "mixer.optimizer=sgd").write_strength == "sigmoid"  # DeltaNet's beta
+    assert mixer_of("mixer=regression", "mixer.optimizer=sgd", "mixer.write_strength=none").write_strength == "one"
+    assert mixer_of("mixer=regression", "mixer.write_strength=learned").write_strength == "sigmoid"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["mixer.function=mlp", "mixer.optimizer=exact"], "only a linear memory has a closed-form solve"),
     (["mixer.function=mlp", "mixer.initial=zero"], "every gradient of an MLP at zero is zero"),
@@ -130,8 +146,62 @@ def test_the_memorys_knobs_follow_the_cell():
     (["mixer.weight_decay=fixed"], "needs an iterative optimizer"),
     (["mixer.optimizer=sgd", "mixer.weights=decay", "mixer.weight_decay=gated"], "disagree"),
     (["mixer.optimizer=adam"], "mixer.optimizer='adam' is not one of"),
+    (["mixer.weights=similarity", "mixer.optimizer=exact"], "similarity weights are a function of the query"),
+    (["mixer.weights=similarity", "mixer.function=mlp", "mixer.optimizer=sgd"], "only a non-parametric read"),
+    (["mixer.function=nonparametric", "mixer.optimizer=exact"], "every query the same fit"),
+    (["mixer.weights=similarity", "mixer.function=nonparametric"], "no weights for an optimiser to step"),
+    (["mixer.weights=similarity", "mixer.function=nonparametric", "mixer.optimizer=sgd"], "no weights for an"),
+    (["mixer.optimizer=minibatch", "mixer.write_strength=none"], "no row's layer computes the cell (uniform, "
+                                                                   "linear, minibatch) without a learned"),
+    (["mixer.weights=similarity", "mixer.function=nonparametric", "mixer.optimizer=exact",
+      "mixer.write_strength=learned"], "with a learned write strength"),
 ])
 def test_a_cell_that_cannot_work_is_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         mixer_of("mixer=regression", *overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_softmax_cell_is_mixer_softmax_the_same_logits():
+    """The whole model, so the positions validation gives it (shortformer: softmax takes q and k inputs) are
+    softmax's too."""
+    cfgs = [validate(compose_config(["logger=disabled", f"model.width={WIDTH}", *overrides]))
+            for overrides in (["mixer=softmax"], ["mixer=regression", *NAMED["softmax"]])]
+    assert type(cfgs[1].mixer).__name__ == "SoftmaxConfig" and cfgs[0].model == cfgs[1].model
+    tokens = cfgs[0].task.sample(jax.random.key(0), 2).inputs
+    logits = [build(cfg).model(tokens) for cfg in cfgs]
+    assert float(jnp.abs(logits[0]).max()) > 0 and bool(jnp.array_equal(*logits))
+
+
+def ridge_read(q, k, v, lam):
+    """o_t = G_t (H_t + Lambda)^{-1} q_t with every pair of the prefix weighted 1, written out per token."""
+    T = q.shape[1]
+    out = []
+    for t in range(T):
+        H = jnp.einsum("bshi,bshj->bhij", k[:, :t + 1], k[:, :t + 1]) + jax.vmap(jax.vmap(jnp.diag))(lam)
+        G = jnp.einsum("bshi,bshj->bhij", k[:, :t + 1], v[:, :t + 1])
+        x = jnp.linalg.solve(H, q[:, t][..., None])[..., 0]
+        out.append(jnp.einsum("bhi,bhij->bhj", x, G))
+    return jnp.stack(out, axis=1)
+
+
+@pytest.mark.parametrize("strength", ["auto", "learned"])
+def test_the_uniform_exact_cell_weighs_every_pair_alike(strength):
+    """The ridge regression of the prefix with unit weights: no learned write strength, no `write` parameters.
+    Told to learn one, the same cell weighs each pair by it, and the same check fails."""
+    cfg = mixer_of("mixer=regression", "mixer.optimizer=exact", f"mixer.write_strength={strength}")
+    cfg = dataclasses.replace(cfg, short_conv=0, solver="cholesky", form="parallel")  # q, k read off the maps
+    layer = layer_of(cfg)(cfg, WIDTH, rope=False, rngs=nnx.Rngs(0))
+    assert cfg.forget == "none"
+    assert (cfg.write_strength, hasattr(layer, "write")) == (("one", False) if strength == "auto"
+                                                             else ("sigmoid", True))
+    x = jax.random.normal(jax.random.key(1), (2, T, WIDTH))
+    H, d = cfg.heads, WIDTH // cfg.heads
+    q, k, v = (m(x).reshape(2, T, H, d) for m in (layer.q, layer.k, layer.v))
+    q, k = q / jnp.linalg.norm(q, axis=-1, keepdims=True), k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    lam = jnp.broadcast_to(jax.nn.softplus(layer.lambda_param[...]) + cfg.lambda_floor, (2, H, d))
+    with jax.default_matmul_precision("highest"):
+        o = ridge_read(q, k, v, lam)
+        expected = layer.out(layer.norm(o).reshape(2, T, WIDTH))
+        y = layer(x)[0]
+    assert bool(jnp.allclose(y, expected, atol=1e-4)) == (strength == "auto")

@@ -201,22 +201,27 @@ def cumsum(n: int) -> int:
     return 256 * m + (m * m - 1 if m <= 16 else cumsum(m))
 
 
-def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False) -> int:
+def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False,
+             strength_grad: bool = True) -> int:
     """tmem.memory.mesa.prefix_sums(k, k, ...) for BH heads of T tokens: H_t = sum_{j<=t} gamma_tj k_j k_j^T
     [d x d] at every t, forward and backward, from an empty state.
 
     In each chunk of C tokens, every k_j k_j^T, then a C x C matmul with the gated decays exp(b_t - b_j) beta_j
-    (decay_grad: whether log a trains; beta always does). Several chunks pass their entry states through a
-    scan (once: count one step of it, as XLA does), and each chunk's H_t adds its decayed entry state.
+    (decay_grad: whether log a trains; strength_grad: whether beta does). Several chunks pass their entry states
+    through a scan (once: count one step of it, as XLA does), and each chunk's H_t adds its decayed entry state.
     """
     N = math.ceil(T / chunk)
     C = chunk if N > 1 else T
     chunks, rows, E = BH * N, BH * N * C, d * d
-    # k k^T, and backward the sum of its gradient times k, twice (k is both factors), added
-    flops = matmul(chunks * C, C, E) + rows * (E + 4 * E + d)
+    gates_grad = decay_grad or strength_grad
+    # k k^T (and, where the gates train, their gradient: a second matmul), and backward the sum of its gradient
+    # times k, twice (k is both factors), added
+    flops = matmul(chunks * C, C, E, grads=1 + gates_grad) + rows * (E + 4 * E + d)
     # b = cumsum(log a); exp(where(b_t - b_j)) * beta_j: sub, select, product; backward, beta's gradient (product,
-    # sum), and through exp, where and the difference to log a (product, product, select, sum and -sum)
-    flops += chunks * (cumsum(C) * (1 + decay_grad) + C * C * (3 + (8 if decay_grad else 2)))
+    # sum), and through exp, where and the difference to log a (product, product, select, sum and -sum). With
+    # neither training the gates are a constant mask, which XLA folds away
+    if gates_grad:
+        flops += chunks * (cumsum(C) * (1 + decay_grad) + C * C * (3 + (8 if decay_grad else 2)))
     if N > 1:
         # each chunk's write sum_j exp(b_C - b_j) beta_j k_j k_j^T (its gates: sub, product), and e^{b_t} H_in added
         # to each H_t, forward and backward; the scan: a H + write, and backward a times dH and a's gradient

@@ -21,8 +21,8 @@ from tmem.layers import linear, rope
 from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers import flops as count
-from tmem.mixers.base import (GATE_ACTIVATIONS, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_temperature,
-                              mask_heads, resumable)
+from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions,
+                              check_temperature, mask_heads, resumable)
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
@@ -81,6 +81,18 @@ class SoftmaxConfig(MixerConfig):
     def fit(self, task, width: int) -> SoftmaxConfig:
         """The training length of length_scale is the task's, unless set."""
         return self if self.train_length is not None else dataclasses.replace(self, train_length=task.seq_len)
+
+    def cell(self) -> Cell:
+        """The slides' last row: weights by similarity to the query, exp(beta q . k_i), and the locally constant
+        (non-parametric) fit, whose exact minimiser is the weighted mean of the values, over an empty cache."""
+        return "similarity", "nonparametric", "exact", "zero"
+
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> SoftmaxConfig | None:
+        """Only its own cell, and no write strength: every pair is cached alike."""
+        if cell != self.cell() or write_strength == "learned":
+            return None
+        return dataclasses.replace(self, heads=heads)
 
     def kv_width(self, width: int) -> int:
         """Key (and value) width over all key-value heads."""

@@ -95,9 +95,11 @@ class MixerConfig(abc.ABC):
         none: a row's YAML whose config has a cell is that cell's named row."""
         return None
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MixerConfig | None:
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> MixerConfig | None:
         """This config with its knobs set to compute `cell` at the grid's `heads` (and its `mini_batch`, for the
-        minibatch and momentum optimisers), or None where this row's layer cannot."""
+        minibatch and momentum optimisers), with a learned per-token write strength or none (`write_strength`
+        learned | none; None: the row's own), or None where this row's layer cannot."""
         return None
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:

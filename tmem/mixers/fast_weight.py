@@ -202,12 +202,16 @@ class FastWeightConfig(MixerConfig):
             return None
         return WEIGHTS_OF_DECAY[self.decay], "linear", "sgd" if self.rule == "delta" else "one_step", "zero"
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> FastWeightConfig | None:
-        """The same write with the cell's weights as its decay: from the row of the cell's optimizer."""
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> FastWeightConfig | None:
+        """The same write with the cell's weights as its decay: from the row of the cell's optimizer; a learned
+        strength is the row's own (Mamba-2's dt, DeltaNet's sigmoid), or a sigmoid where the row has none."""
         if self.cell() is None or cell[1:] != self.cell()[1:]:
             return None
         decay = next(decay for decay, weights in WEIGHTS_OF_DECAY.items() if weights == cell[0])
-        return dataclasses.replace(self, decay=decay, heads=heads)
+        strength = {None: self.write_strength, "none": "one",
+                    "learned": "sigmoid" if self.write_strength == "one" else self.write_strength}[write_strength]
+        return dataclasses.replace(self, decay=decay, heads=heads, write_strength=strength)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """One fused projection, the short convolution, feature map, norms, gates,

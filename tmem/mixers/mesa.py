@@ -7,9 +7,10 @@ values on the keys, o_t = G_t (H_t + Lambda)^{-1} q_t, at every token
 (anchors/mixers.md 4.3): q, k, v projections without bias; a short causal
 convolution with SiLU on q and k (not v); unit (L2-normalised) q and k, no q
 scale; forget gate a_t = sigmoid(W_a x + b_a) and input gate
-beta_t = sigmoid(W_b x + b_b), one per head; Lambda = softplus(p) + 0.25 per
-head and key channel, started at 1 and never decayed; an RMSNorm of each
-head's read (optionally gated) and the output map.
+beta_t = sigmoid(W_b x + b_b), one per head (`write_strength=one`: beta_t = 1,
+as the grid's exact cells whose weights do not come from the token have it);
+Lambda = softplus(p) + 0.25 per head and key channel, started at 1 and never
+decayed; an RMSNorm of each head's read (optionally gated) and the output map.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FORMS = ("auto", "parallel", "chunked", "recurrent")
 # form's H_t at every token are small and its solve is a single matrix product per CG step (faster on a CPU)
 CHUNKED_FROM = 512
 FORGETS = ("gate", "fixed", "none")
+WRITE_STRENGTHS = ("sigmoid", "one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +55,16 @@ class MesaConfig(MixerConfig):
     # the regression weights gamma: gate (MesaNet's a_t from the token) | fixed (RetNet's decay per head) | none
     # (uniform: every pair counts alike, the regression of the whole prefix)
     forget: str = "gate"
+    # beta_t, a factor of each pair's weight: sigmoid (MesaNet's, of a projection of the token) | one (no write
+    # projection: the pairs weigh what `forget` says, so forget=none is the plain ridge regression of the prefix)
+    write_strength: str = "sigmoid"
     output_gate: bool = False  # RMSNorm(o) * act(W_g x), fla's use_output_gate
     gate_activation: str = "silu"
 
     def check(self, width: int) -> None:
         check_knobs(self, choices={"form": FORMS, "solver": mesa.SOLVERS, "gate_activation": tuple(GATE_ACTIVATIONS),
-                                   "forget": FORGETS}, positive=("cg_steps", "chunk"), width=width)
+                                   "forget": FORGETS, "write_strength": WRITE_STRENGTHS}, positive=("cg_steps", "chunk"),
+                   width=width)
         if self.form == "chunked" and self.solver != "cg":
             raise ValueError(f"mixer.solver={self.solver} needs every H_t, which mixer.form=chunked never makes: "
                              "use mixer.solver=cg or mixer.form=parallel")
@@ -80,11 +86,13 @@ class MesaConfig(MixerConfig):
         weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
         return weights, "linear", "exact", "zero"
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> MesaConfig | None:
-        """Every exact cell: the solve, with the cell's weights as its forgetting."""
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> MesaConfig | None:
+        """Every exact cell of a linear memory: the solve, with the cell's weights as its forgetting."""
         if cell[1:] != ("linear", "exact", "zero"):
             return None
-        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads)
+        strength = {None: self.write_strength, "learned": "sigmoid", "none": "one"}[write_strength]
+        return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads, write_strength=strength)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
@@ -96,15 +104,15 @@ class MesaConfig(MixerConfig):
         if c.solver != "cg":  # a LAPACK call, which XLA's cost analysis counts as nothing
             raise count.Uncounted(f"mixer {c.name!r} has no FLOP count with solver={c.solver}")
         H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
-        gated = c.forget == "gate"
+        gated, written = c.forget == "gate", c.write_strength == "sigmoid"
         grads = 2 if input_grad else 1
         parts = Counter()
         parts["mixer/projections"] += 3 * count.matmul(N, D, D, grads) + count.matmul(R, D, D)
         # the gates', with biases
-        parts["mixer/projections"] += (1 + gated) * (count.matmul(N, D, H, grads) + 2 * N * H)
+        parts["mixer/projections"] += (written + gated) * (count.matmul(N, D, H, grads) + 2 * N * H)
         if c.short_conv:
             parts["mixer/conv"] += count.short_conv(B, T, 2 * D, c.short_conv)
-        gates = count.elementwise(2 * N * D, count.L2_NORMALIZE) + count.elementwise(N * H, count.SIGMOID)
+        gates = count.elementwise(2 * N * D, count.L2_NORMALIZE) + written * count.elementwise(N * H, count.SIGMOID)
         if gated:
             gates += count.elementwise(N * H, count.LOG_SIGMOID)
         if c.output_gate:  # made at every token and read at R (reading at Q, its gradient scattered back)
@@ -114,12 +122,13 @@ class MesaConfig(MixerConfig):
         parts["mixer/gates"] += gates
         parts["norms"] += count.norm("rmsnorm", R * D)
         reads = B * H * (Q or T)  # the systems solved: one for each read of each head
-        memory = count.key_sums(B * H, T, d, gated, c.chunk, once)
+        memory = count.key_sums(B * H, T, d, gated, c.chunk, once, strength_grad=written)
         # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads (and,
         # reading at Q positions, H_t's gradient scattered back)
         memory += reads * d * d * (3 + (Q is not None))
         memory += count.cg(reads, d, c.cg_steps, once)
-        memory += count.chunked(B * H, T, d, d, 1, gated, True, False, c.chunk, None if Q is None else reads, once)
+        memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.chunk, None if Q is None else reads,
+                                once)
         parts["mixer/memory"] += memory
         return parts
 
@@ -158,7 +167,8 @@ class Mesa(Mixer):
         self.q, self.k, self.v = linear(width), linear(width), linear(width)
         if cfg.forget == "gate":
             self.forget = linear(H, bias=True)  # fla's a_proj
-        self.write = linear(H, bias=True)  # fla's b_proj
+        if cfg.write_strength == "sigmoid":
+            self.write = linear(H, bias=True)  # fla's b_proj
         if cfg.short_conv:
             self.conv_q, self.conv_k = (ShortConv(width, cfg.short_conv, rngs=rngs) for _ in range(2))
         p = math.log(math.expm1(cfg.lambda_init - cfg.lambda_floor))  # softplus(p) + floor = lambda_init
@@ -187,7 +197,7 @@ class Mesa(Mixer):
             log_a = jax.nn.log_sigmoid(self.forget(x_btd))
         elif cfg.forget == "fixed":
             log_a = jnp.broadcast_to(retnet_log_decay(H), (B, T, H))
-        beta = jax.nn.sigmoid(self.write(x_btd))
+        beta = jax.nn.sigmoid(self.write(x_btd)) if cfg.write_strength == "sigmoid" else jnp.ones((B, T, H))
         lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
         form = training_form(cfg, T) if cfg.form == "auto" else cfg.form  # a layer made without validation

@@ -12,17 +12,18 @@ own config where a paper names the cell (so the preset is that row, with the
 same parameters at the same head count), else the layer of its nearest
 family with the knobs set:
 
-| weights | function | optimizer          | is              |
-|---------|----------|--------------------|-----------------|
-| uniform | linear   | one_step           | linear          |
-| decay   | linear   | one_step           | retnet          |
-| gate    | linear   | one_step           | mamba2          |
-| uniform | linear   | sgd                | deltanet        |
-| uniform | linear   | sgd, gated decay   | gated_deltanet  |
-| gate    | linear   | exact              | mesa            |
-| uniform | linear   | minibatch          | ttt_linear      |
-| uniform | mlp      | minibatch          | ttt_mlp         |
-| uniform | mlp      | momentum, gated    | titans          |
+| weights    | function      | optimizer        | is             |
+|------------|---------------|------------------|----------------|
+| uniform    | linear        | one_step         | linear         |
+| decay      | linear        | one_step         | retnet         |
+| gate       | linear        | one_step         | mamba2         |
+| uniform    | linear        | sgd              | deltanet       |
+| uniform    | linear        | sgd, gated decay | gated_deltanet |
+| gate       | linear        | exact            | mesa           |
+| uniform    | linear        | minibatch        | ttt_linear     |
+| uniform    | mlp           | minibatch        | ttt_mlp        |
+| uniform    | mlp           | momentum, gated  | titans         |
+| similarity | nonparametric | exact            | softmax        |
 
 An iterative optimiser (sgd, minibatch, momentum) cannot reweigh the pairs it
 has already written: a decaying or gated weighting of the past enters it as a
@@ -32,6 +33,19 @@ slides call Gated DeltaNet's "SGD with weight decay". `weights=decay` or
 Every other iterative cell is the titans layer (tmem/mixers/titans.py) with
 momentum, forget gate and mini-batch set by the knobs. GLA's per-channel decay
 is not a weight on pairs, so GLA is no cell.
+
+Softmax attention is the slides' last row: weights by similarity to the query,
+gamma_i = exp(beta q . k_i), and the non-parametric (locally constant) class,
+whose exact minimiser is the weighted mean of the values. Similarity weights
+exist only once the query does, so no memory written before it can use them,
+and a non-parametric class has no weights to step: the only cell of either is
+softmax's, and every other is refused.
+
+A learned write strength (MesaNet's beta, DeltaNet's, TTT's per-token rate) is
+its own knob, `write_strength`. In an exact solve it can only be a factor of
+each pair's weight, so it is there exactly when the weights come from the
+token (gate: MesaNet's own beta) and `weights=uniform` is uniform; elsewhere it
+is the optimiser's step size, and each row keeps its own unless told.
 """
 
 from __future__ import annotations
@@ -42,12 +56,13 @@ from typing import ClassVar
 
 from tmem.mixers.base import Cell, MixerConfig, check_knobs
 
-WEIGHTS = ("uniform", "decay", "gate")
-FUNCTIONS = ("linear", "mlp")
+WEIGHTS = ("uniform", "decay", "gate", "similarity")
+FUNCTIONS = ("linear", "mlp", "nonparametric")
 OPTIMIZERS = ("one_step", "sgd", "minibatch", "momentum", "exact")
 ITERATIVE = ("sgd", "minibatch", "momentum")
 WEIGHT_DECAYS = ("none", "fixed", "gated")
 INITIALS = ("auto", "zero", "learned")
+WRITE_STRENGTHS = ("auto", "learned", "none")
 DECAY_OF = {"uniform": "none", "decay": "fixed", "gate": "gated"}  # the weights as an iterative rule's weight decay
 
 
@@ -57,13 +72,17 @@ class RegressionConfig(MixerConfig):
 
     name: str = "regression"
     lr: float | None = 1e-2
-    weights: str = "uniform"  # gamma: uniform | decay (fixed per head) | gate (from the token)
-    function: str = "linear"  # linear | mlp
+    # gamma: uniform | decay (fixed per head) | gate (from the token) | similarity (to the query: softmax's)
+    weights: str = "uniform"
+    function: str = "linear"  # linear | mlp | nonparametric (softmax's locally constant fit)
     optimizer: str = "one_step"  # one_step | sgd (per token) | minibatch | momentum | exact (ridge solve)
     weight_decay: str = "none"  # of the memory, for iterative optimisers: none | fixed | gated
     initial: str = "auto"  # the memory before the first token: zero | learned; auto: learned for an MLP and for
     # minibatch and momentum (TTT's and Titans' learned initial weights), zero otherwise
     mini_batch: int = 16  # tokens per gradient step of minibatch and momentum
+    # a learned per-token strength of each write: learned | none; auto: in an exact cell only with gated weights
+    # (there it is a factor of the weights), elsewhere the computing row's own (an optimiser's step size)
+    write_strength: str = "auto"
     heads: int = 4  # every cell's, named or not, so that the cells of a sweep differ in their knobs alone
 
     # the built-in rows' configs as their YAML files set them, where the named cells are read from (given by the
@@ -74,7 +93,22 @@ class RegressionConfig(MixerConfig):
         """(weights, function, optimizer, initial), with an iterative rule's weight decay folded into the
         weights and initial resolved; ValueError, in one line, for a cell that cannot work."""
         check_knobs(self, choices={"weights": WEIGHTS, "function": FUNCTIONS, "optimizer": OPTIMIZERS,
-                                   "weight_decay": WEIGHT_DECAYS, "initial": INITIALS}, positive=("mini_batch",))
+                                   "weight_decay": WEIGHT_DECAYS, "initial": INITIALS,
+                                   "write_strength": WRITE_STRENGTHS}, positive=("mini_batch",))
+        similarity = self.weights == "similarity"
+        if similarity and self.function != "nonparametric":
+            raise ValueError(f"mixer.weights=similarity with mixer.function={self.function}: similarity weights are a "
+                             "function of the query, and a memory is written before any query; only a "
+                             "non-parametric read, which recomputes them per query, can use them: set "
+                             "mixer.function=nonparametric")
+        if self.function == "nonparametric" and not similarity:
+            raise ValueError(f"mixer.function=nonparametric with mixer.weights={self.weights}: weights that do not "
+                             "depend on the query give every query the same fit (a weighted mean of the values); "
+                             "set mixer.weights=similarity")
+        if self.function == "nonparametric" and self.optimizer != "exact":
+            raise ValueError(f"mixer.optimizer={self.optimizer} with mixer.function=nonparametric: a non-parametric "
+                             "class has no weights for an optimiser to step; its fit is the exact weighted mean: use "
+                             "mixer.optimizer=exact")
         weights, optimizer = self.weights, self.optimizer
         if self.weight_decay != "none":
             if optimizer not in ITERATIVE:
@@ -103,10 +137,17 @@ class RegressionConfig(MixerConfig):
         the nearest family's with the knobs set: the named row of the cell's optimiser with uniform weights,
         else the first row whose layer can compute it (`MixerConfig.at_cell`)."""
         cell = self.cell()
+        strength = self.write_strength
+        if strength == "auto":  # in an exact solve a weight of the pairs; elsewhere the computing row's step size
+            strength = ("learned" if cell[0] == "gate" else "none") if cell[2] == "exact" else None
         named = {row.cell(): row for row in self.rows() if row.cell() is not None}
         nearest = [named.get(cell), named.get(("uniform", *cell[1:])), *named.values()]
-        row = next(config for config in (row.at_cell(cell, self.mini_batch, self.heads) for row in nearest
-                                         if row is not None) if config is not None)
+        computed = (row.at_cell(cell, self.mini_batch, self.heads, strength) for row in nearest if row is not None)
+        row = next((config for config in computed if config is not None), None)
+        if row is None:
+            raise ValueError(f"mixer.write_strength={self.write_strength}: no row's layer computes the cell "
+                             f"({', '.join(cell[:3])}) {'without' if strength == 'none' else 'with'} a learned write "
+                             "strength; set mixer.write_strength=auto")
         # the grid's rate, schedule and slice of the batch, not the row's: every cell of a sweep trains alike
         return dataclasses.replace(row, name="regression", lr=self.lr, optim=self.optim, microbatch=self.microbatch)
 

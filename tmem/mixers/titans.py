@@ -89,11 +89,13 @@ class TitansConfig(MixerConfig):
         weights = next(w for w, forget in FORGET_OF_WEIGHTS.items() if forget == self.forget)
         return weights, self.function, optimizer, self.initial
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TitansConfig | None:
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> TitansConfig | None:
         """Every cell of an iterative or one-step optimiser: the gradient memory with momentum, forgetting and
-        mini-batch set by the cell (sgd: a mini-batch of one token; one_step: one of the whole sequence)."""
+        mini-batch set by the cell (sgd: a mini-batch of one token; one_step: one of the whole sequence), always
+        with its learned rate theta_t."""
         weights, function, optimizer, initial = cell
-        if optimizer == "exact":
+        if optimizer == "exact" or write_strength == "none":
             return None
         return dataclasses.replace(self, function=function, initial=initial, momentum=optimizer == "momentum",
                                    forget=FORGET_OF_WEIGHTS[weights], heads=heads,

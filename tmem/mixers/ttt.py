@@ -77,9 +77,12 @@ class TTTConfig(MixerConfig):
     def cell(self) -> Cell:
         return "uniform", self.inner, "minibatch", "learned"
 
-    def at_cell(self, cell: Cell, mini_batch: int, heads: int) -> TTTConfig | None:
-        """Only its own cell (the grid's other minibatch cells are the Titans layer's)."""
-        return dataclasses.replace(self, mini_batch=mini_batch, heads=heads) if cell == self.cell() else None
+    def at_cell(self, cell: Cell, mini_batch: int, heads: int, write_strength: str | None = None
+                ) -> TTTConfig | None:
+        """Only its own cell (the grid's other minibatch cells are the Titans layer's), with its learned rate."""
+        if cell != self.cell() or write_strength == "none":
+            return None
+        return dataclasses.replace(self, mini_batch=mini_batch, heads=heads)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """The shared q/k map and v's, each of q and k through its own biased convolution and RoPE
