@@ -49,8 +49,9 @@ def hopfield_figure(table: dict):
         ax.plot(sizes, [e["law"] / N for e, N in zip(entries, sizes)], ":", color=color, lw=1)
     ax.set(xscale="log", xlabel="units N", ylabel="capacity / N", ylim=(0, 0.25))
     ax.set_xticks(sizes, [str(N) for N in sizes])
+    ax.minorticks_off()
     ax.legend(fontsize=7)
-    ax.set_title(f"classical Hopfield network, {table['seeds']} seeds: measured (dots), Gaussian theory (dashed), "
-                 "large-N law (dotted)", fontsize=8)
+    ax.set_title(f"binary Hopfield network, {table['seeds']} seeds: measured (dots),\n"
+                 "Gaussian theory (dashed), large-N law (dotted)", fontsize=9)
     fig.tight_layout()
     return fig
