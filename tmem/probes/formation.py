@@ -51,8 +51,9 @@ def formation(models, measure: Callable, *, held_out_loss: Callable[[int], float
     (ProbeInput.history), which restores one checkpoint at a time.
     `measure` returns at least `induction` [depth, H] (averaged over periods),
     `previous_token` [depth, H], `second_copy_loss` and the memory probes
-    `wo1`, `wk1`, `wk0` [depth, H], and may return `k_composition` [H, H]; `held_out_loss(step)` is the run's own
-    held-out loss at that checkpoint, when it was recorded.
+    `wo1`, `wk1`, `wk0` [depth, H], and may return `k_composition` [H, H] (kept
+    whole per step); `held_out_loss(step)` is the run's own held-out loss at that
+    checkpoint, when it was recorded.
     """
     series = {k: [] for k in ("steps", "best_induction_score", "induction", "max_previous_token_score",
                               "second_copy_loss", "held_out_loss", "wo1", "wk1", "wk0", "k_composition")}
