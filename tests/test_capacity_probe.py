@@ -52,7 +52,19 @@ def test_a_knob_outside_its_range_is_one_line(tmp_path):
 def test_unknown_store_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown.*allowed: hebbian"):
         evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
-                 options={"capacity": {"stores": ["hopfield"]}})
+                 options={"capacity": {"stores": ["hopfeld"]}})
+
+
+def test_probe_reports_the_binary_hopfield_network_per_size_and_criterion(tmp_path):
+    options = {"capacity": {"stores": ["hopfield"], "hopfield_n": [64], "hopfield_seeds": 2}}
+    report = evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"), options=options)
+    entry = report["capacity"]["hopfield"]["by_n"]["64"]
+    assert set(entry) == {"patterns_fixed", "bits_one_update", "bits_converged"}
+    for e in entry.values():
+        assert len(e["measured"]) == 2 and e["mean"] == pytest.approx(e["theory"], abs=3)
+    # exact stability of every bit is the strictest criterion, one update's 1% of bits the most lenient
+    assert entry["patterns_fixed"]["mean"] < entry["bits_converged"]["mean"] < entry["bits_one_update"]["mean"]
+    assert (tmp_path / "hopfield_capacity.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -74,6 +74,15 @@ def test_hand_built_circuit_is_found_and_its_parts_named(handbuilt_report):
     assert report["icl_score"] == pytest.approx(report["icl_late_loss"] - report["icl_early_loss"])
 
 
+def test_the_hand_built_induction_head_k_composes_with_its_previous_token_head_alone(handbuilt_report):
+    # L0H0's OV maps token j to PREV + j and L1H0's keys read PREV + j against the query's token j: a perfect
+    # composition of two rank-V maps, whose Frobenius score is 1 / sqrt(V); nothing else composes
+    c = handbuilt_report["composition"]
+    np.testing.assert_allclose(c["K"], [[1 / np.sqrt(V), 0], [0, 0]], atol=1e-9)
+    np.testing.assert_allclose(c["Q"], 0, atol=1e-9)
+    np.testing.assert_allclose(c["V"], 0, atol=1e-9)
+
+
 def test_icl_score_of_a_copier_on_one_long_repeat():
     from tmem.probes.heads import repeated_tokens
     from tmem.probes.induction import icl_score
@@ -129,7 +138,8 @@ def test_eval_frame_writes_the_induction_report_with_formation(tiny_repeat_run, 
         assert key in r
     assert r["formation"]["steps"] == [10, 20, 30]
     assert json.loads((tmp_path / "report.json").read_text())["induction"]["periods"] == [4, 8]
-    for name in ("induction_attention", "induction_formation"):
+    assert len(r["formation"]["k_composition_previous_to_induction"]["pairs"]) == 3
+    for name in ("induction_attention", "induction_formation", "induction_composition"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0
 
 

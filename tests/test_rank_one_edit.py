@@ -67,3 +67,19 @@ def test_on_a_trained_memory_the_whitened_edit_loses_fewer_facts(tmp_path):
                       options={"rank_one_edit": {"edits": 16}})["rank_one_edit"]
     assert report["whitened"]["success"] == report["plain"]["success"] == 1.0
     assert report["whitened"]["facts_lost"] < report["plain"]["facts_lost"]
+
+
+def test_many_edits_land_every_fact_at_once_and_one_edit_is_the_rank_one_edit():
+    from tmem.config import ConfigError
+
+    cfg = validate(compose_config(SMALL))
+    model = build_model(cfg, cfg.task)  # untrained: 32 hidden units, so 4 keys are independent
+    metrics, figures = PROBES["many_edits"].run(ProbeInput(cfg=cfg, model=model, key=jax.random.key(0),
+                                                           options={"counts": [1, 2, 4], "steps": 100}))
+    assert metrics["counts"] == [1, 2, 4] and "many_edits" in figures
+    memit, sequential = metrics["memit"], metrics["sequential"]
+    assert [r["efficacy"] for r in memit] == [1.0, 1.0, 1.0]  # lam = 0.01 against h^T C^-1 h of about 32
+    assert memit[0] == pytest.approx(sequential[0], rel=1e-3)  # one edit: both are the whitened rank-one edit
+    assert all(0.0 <= r["damage"] <= 1.0 for r in memit + sequential)
+    with pytest.raises(ConfigError, match="options.many_edits.counts"):
+        PROBES["many_edits"].run(ProbeInput(cfg=cfg, model=model, key=jax.random.key(0), options={"counts": [0]}))

@@ -8,7 +8,8 @@ Everything here is one unbatched store; vmap for a batch of stores.
 The writes form one ladder. Hebbian adds v k^T; every later rung is a
 *corrective* write S + u (v - S^T k)^T that adds the prediction error along a
 write direction u: the delta rule (u = beta k), recursive least squares
-(u = R k / (1 + k^T R k)) and the rank-one edit (u = C^-1 k / k^T C^-1 k).
+(u = R k / (1 + k^T R k)) and the rank-one edit (u = C^-1 k / k^T C^-1 k);
+MEMIT's many-fact edit is the same correction for a block of keys at once.
 The decayed write is beside the ladder: it shrinks the whole of S before it
 adds, so it forgets old pairs instead of correcting them (Chapter 10).
 """
@@ -121,3 +122,21 @@ def rank_one_edit(S: jax.Array, k_star: jax.Array, v_star: jax.Array, C: jax.Arr
     """
     u = k_star if C is None else jnp.linalg.solve(C, k_star)
     return corrective_write(S, k_star, u / (k_star @ u), v_star)
+
+
+def many_edit(S: jax.Array, K_E: jax.Array, V_E: jax.Array, C0: jax.Array, lam=0.0) -> jax.Array:
+    """MEMIT's update of many facts at once (Chapter 14): the Delta to add to S.
+
+    Delta minimises lam tr(Delta^T C0 Delta) + sum_e ||(S + Delta)^T k_e - v_e||^2:
+    the edited keys K_E [E, d_k] should read V_E [E, d_v], and the preserved keys,
+    with uncentred second moment C0 [d_k, d_k], should move little. In the note's
+    layout (W = S^T, keys as columns) it is MEMIT's R K_E^T (lam C0 + K_E K_E^T)^-1
+    with R the residuals V_E - K_E S; here it is computed in the push-through form
+    C0^-1 K_E^T (lam I + K_E C0^-1 K_E^T)^-1 R, an E x E system, which stays
+    defined at lam = 0: the least change in C0's metric that lands every edit
+    exactly (needs independent keys). One edit at lam = 0 is rank_one_edit with C = C0.
+    """
+    R = V_E - K_E @ S
+    CinvK = jnp.linalg.solve(C0, K_E.T)  # [d_k, E]
+    gram = K_E @ CinvK + lam * jnp.eye(K_E.shape[0], dtype=S.dtype)
+    return CinvK @ jnp.linalg.solve(gram, R)

@@ -1,6 +1,6 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
-from tmem.probes import capacity, gd_match, induction, memory_state, mqar_distance, rank_one_edit
+from tmem.probes import capacity, gd_match, induction, many_edits, memory_state, mqar_distance, rank_one_edit
 from tmem.probes import heldout
 from tmem.probes.base import Probe, ProbeInput
 
@@ -11,6 +11,7 @@ PROBES: dict[str, Probe] = {
     "gd_match": gd_match.probe,
     "capacity": capacity.probe,
     "rank_one_edit": rank_one_edit.probe,
+    "many_edits": many_edits.probe,
     "memory_state": memory_state.probe,
 }
 

@@ -19,6 +19,10 @@ decayed), and decayed's adds its `horizon`, the number of recent pairs an
 endless stream keeps readable. Their knobs: `delta_beta` (1), `ridge` (1e-3),
 `gamma` (1 - 1/d_k). The delta rule has no theory (None). Their capacities
 lie under 2 d_k, so they cost a few seconds of the default run.
+
+`hopfield` is the classical binary Hopfield network (hopfield_capacity.py):
+patterns in {-1, +1}^N at each N of `hopfield_n`, `hopfield_seeds` draws each,
+under three criteria of "stored", each with its own law.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from tmem.memory.capacity import (KNOBS, STORES, WRITTEN, capacity_formula, capa
                                   end_ratios, find_capacity, interference_ratio, theory_ratio)
 from tmem.memory.capacity_writes import check_knob, decayed_age_ratio, decayed_horizon
 from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.hopfield_capacity import hopfield_figure, hopfield_table
 
 DEFAULTS = {
     "d_k": 64,
     "d_v": None,  # value width; None means d_k
-    "stores": ["hebbian", "lstsq", "relu", "relu2", "relu3", "softmax", "delta", "rls", "decayed"],
+    "stores": ["hebbian", "lstsq", "relu", "relu2", "relu3", "softmax", "delta", "rls", "decayed", "hopfield"],
     "softmax_d_k": 16,
     "beta": None,  # the softmax entry's beta; None means sqrt(softmax_d_k)
     "betas": [1, 2, 3, 4, 5],  # the softmax trend
@@ -47,6 +52,8 @@ DEFAULTS = {
     "delta_beta": 1.0,  # the delta rule's write strength
     "ridge": 1e-3,  # the RLS store's ridge
     "gamma": None,  # the decayed store's gamma; None means 1 - 1/d_k
+    "hopfield_n": [100, 200],  # the binary Hopfield network's sizes N
+    "hopfield_seeds": 1,
 }
 
 
@@ -94,9 +101,9 @@ def ages(store: str, d_k: int, key: jax.Array, M: int, *, d_v=None, knob: float,
 def capacity_table(options: dict, key: jax.Array) -> dict:
     """Every requested store's entry, keyed by store name."""
     o = {**DEFAULTS, **options}
-    unknown = [s for s in o["stores"] if s not in STORES]
+    unknown = [s for s in o["stores"] if s not in STORES and s != "hopfield"]
     if unknown:
-        raise ValueError(f"options.capacity.stores: unknown {unknown}; allowed: {', '.join(STORES)}")
+        raise ValueError(f"options.capacity.stores: unknown {unknown}; allowed: {', '.join(STORES)}, hopfield")
     option = {"delta": "delta_beta", "rls": "ridge", "decayed": "gamma"}  # the written stores' knobs
     knobs = {store: default_knob(store, o["d_k"]) if o[name] is None else o[name] for store, name in option.items()}
     for store in [s for s in o["stores"] if s in knobs]:
@@ -109,6 +116,10 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
     common = dict(d_v=o["d_v"], queries=o["queries"], rtol=o["rtol"])
     for i, store in enumerate(o["stores"]):
         k = jax.random.fold_in(key, i)
+        if store == "hopfield":
+            out[store] = hopfield_table(o["hopfield_n"], int(o["hopfield_seeds"]),
+                                        int(jax.random.randint(k, (), 0, 2**31 - 1)))
+            continue
         if store != "softmax":
             out[store] = measure(store, o["d_k"], k, knob=knobs.get(store), **common)
             continue
@@ -163,7 +174,12 @@ def figure(table: dict):
 def run(inp: ProbeInput):
     key = inp.key if inp.key is not None else jax.random.key(0)
     table = capacity_table(inp.options, key)
-    return table, {"capacity": figure(table)}
+    figures = {}
+    if any(isinstance(e, dict) and "capacity" in e for e in table.values()):  # the stores figure() draws
+        figures["capacity"] = figure(table)
+    if "hopfield" in table:
+        figures["hopfield_capacity"] = hopfield_figure(table["hopfield"])
+    return table, figures
 
 
 probe = Probe(

@@ -51,11 +51,12 @@ def formation(models, measure: Callable, *, held_out_loss: Callable[[int], float
     (ProbeInput.history), which restores one checkpoint at a time.
     `measure` returns at least `induction` [depth, H] (averaged over periods),
     `previous_token` [depth, H], `second_copy_loss` and the memory probes
-    `wo1`, `wk1`, `wk0` [depth, H]; `held_out_loss(step)` is the run's own
-    held-out loss at that checkpoint, when it was recorded.
+    `wo1`, `wk1`, `wk0` [depth, H], and may return `k_composition` [H, H] (kept
+    whole per step); `held_out_loss(step)` is the run's own held-out loss at that
+    checkpoint, when it was recorded.
     """
     series = {k: [] for k in ("steps", "best_induction_score", "induction", "max_previous_token_score",
-                              "second_copy_loss", "held_out_loss", "wo1", "wk1", "wk0")}
+                              "second_copy_loss", "held_out_loss", "wo1", "wk1", "wk0", "k_composition")}
     for step, model in models:
         m = measure(model)
         depth = m["induction"].shape[0]
@@ -70,6 +71,7 @@ def formation(models, measure: Callable, *, held_out_loss: Callable[[int], float
         series["wo1"].append(_nanmax(m["wo1"][upper]))
         series["wk1"].append(_nanmax(m["wk1"][upper]))
         series["wk0"].append(_nanmax(m["wk0"][lower]))
+        series["k_composition"].append(np.asarray(m["k_composition"]).tolist() if "k_composition" in m else None)
     loss = [np.nan if v is None else v for v in series["held_out_loss"]]
     loss_name = "held_out_loss"
     if np.all(np.isnan(loss)):

@@ -24,6 +24,7 @@ from tasks import heldout
 from tmem.config import ConfigError
 from tmem.probes.base import Probe, ProbeInput, mixers_without
 from tmem.probes.circuits import copying, head_weights, memory_recall
+from tmem.probes.composition import composition_figure, composition_scores, pair_series
 from tmem.probes.formation import formation, formation_figure
 from tmem.probes.heads import forward_with_attention, head_scores, repeated_tokens, token_losses
 from tmem.probes.induction_figures import attention_figure
@@ -44,8 +45,11 @@ def probe_inputs(key: jax.Array, vocab: int, max_len: int, periods, batch: int) 
 
 
 def measure(model, probes: dict) -> dict:
-    """Everything per head that formation tracks: attention scores, copy losses, memory recall."""
-    return {**head_scores(model, probes), **memory_recall(head_weights(model))}
+    """Everything per head that formation tracks: attention scores, copy losses, memory recall,
+    and with two layers or more the K-composition of layer 0 into layer 1."""
+    w = head_weights(model)
+    k = {"k_composition": composition_scores(w)["K"]} if len(model.blocks) >= 2 else {}
+    return {**head_scores(model, probes), **memory_recall(w), **k}
 
 
 def _heads(mask: np.ndarray) -> list[list[int]]:
@@ -190,6 +194,8 @@ def analyse(model, task, key: jax.Array, options: dict | None = None) -> tuple[d
             "copying_top1": _table(copy["top1"]),
         },
         "memory": {k: _table(v) for k, v in memory.items()},
+        # [layer-0 head, layer-1 head]: Elhage et al.'s K-, Q- and V-composition (composition.py)
+        "composition": None if len(model.blocks) < 2 else {k: _table(v) for k, v in composition_scores(w).items()},
         "first_copy_loss": float(scores["first_copy_loss"]),
         "second_copy_loss": float(scores["second_copy_loss"]),
         "log_vocab": float(np.log(task.vocab_size)),
@@ -218,6 +224,10 @@ def run(inp: ProbeInput):
         report["formation_step"] = f["formation_step"]
         report["loss_drop_step"] = f["loss_drop_step"]
         figures["induction_formation"] = formation_figure(f)
+        if len(inp.model.blocks) >= 2:
+            k = pair_series(f["k_composition"], report["previous_token_heads"], report["induction_heads"])
+            f["k_composition_previous_to_induction"] = k
+            figures["induction_composition"] = composition_figure(f["steps"], k, f["formation_step"])
     return report, figures
 
 

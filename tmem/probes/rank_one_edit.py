@@ -52,38 +52,49 @@ def memory_of(model, batch):
     return H.reshape(-1, H.shape[-1]), model.blocks[last].mlp.w_out.kernel[...], with_kernel
 
 
-def run(inp: ProbeInput):
-    o = {**DEFAULTS, **inp.options}
+def prepare(inp: ProbeInput, o: dict) -> dict:
+    """What every edit probe reads off a memorize run: the facts' keys H, the memory W, a predictor
+    (W -> each fact's predicted value), which facts are stored, the keys' second moment C (with
+    o["ridge"] relative to its trace), the value targets and the facts' tokens."""
     task, model = inp.cfg.task, inp.model
     batch = heldout(task)
     H, W, with_kernel = memory_of(model, batch)
     F = task.num_facts
-    inputs, targets = batch.inputs.reshape(-1), batch.targets.reshape(-1)
 
     @jax.jit
     def predict(W):
         logits = with_kernel(W)(batch.inputs)[..., F:]
         return jnp.argmax(logits, -1).reshape(-1)
 
+    values = np.asarray(batch.targets.reshape(-1) - F)
     before = predict(W)
-    stored = np.asarray(before == targets - F)
     C = H.T @ H / H.shape[0]
     C = C + o["ridge"] * jnp.trace(C) / C.shape[0] * jnp.eye(C.shape[0])
-    key = inp.key if inp.key is not None else jax.random.key(0)
+    return {"H": H, "W": W, "with_kernel": with_kernel, "predict": predict, "before": np.asarray(before),
+            "stored": np.asarray(before) == values, "C": C, "values": values, "inputs": batch.inputs.reshape(-1)}
+
+
+def pick_edits(key: jax.Array, stored: np.ndarray, values: np.ndarray, n: int, num_values: int):
+    """n stored facts drawn at random, each with a new value different from its own: (facts, new values)."""
     k_pick, k_value = jax.random.split(key)
     candidates = np.flatnonzero(stored)
-    n = min(int(o["edits"]), len(candidates))
+    n = min(int(n), len(candidates))
     picked = np.asarray(jax.random.choice(k_pick, candidates, (n,), replace=False)) if n else np.array([], int)
-    shift = np.asarray(jax.random.randint(k_value, (n,), 1, task.num_values))
-    new_values = (np.asarray(targets - F)[picked] + shift) % task.num_values
+    shift = np.asarray(jax.random.randint(k_value, (n,), 1, num_values))
+    return picked, (values[picked] + shift) % num_values
+
+
+def value_finder(with_kernel, W: jax.Array, num_facts: int, o: dict):
+    """A jitted (h*, token, new value) -> v*: an MLP output at h* under which the model gives the
+    new value probability o["p_new"].
+
+    Adam steps (rate o["lr"], at most o["steps"]) on the output at h* alone, stopping
+    as soon as p_new is reached, so v* moves no further than the new fact needs.
+    """
+    F = num_facts
 
     @jax.jit
     def target_output(h_star, token, new_value):
-        """v*: an MLP output at h* under which the model gives new_value probability p_new.
-
-        Adam steps on the output at h* alone, stopping as soon as p_new is
-        reached, so v* moves no further than the new fact needs.
-        """
         u = h_star / (h_star @ h_star)
 
         def loss(delta):
@@ -106,6 +117,20 @@ def run(inp: ProbeInput):
         delta, _, _ = jax.lax.while_loop(going, step, (delta, tx.init(delta), 0))
         return h_star @ W + delta
 
+    return target_output
+
+
+def run(inp: ProbeInput):
+    o = {**DEFAULTS, **inp.options}
+    task = inp.cfg.task
+    m = prepare(inp, o)
+    H, W, predict, C, stored, before = m["H"], m["W"], m["predict"], m["C"], m["stored"], m["before"]
+    F, values, inputs = task.num_facts, m["values"], m["inputs"]
+    key = inp.key if inp.key is not None else jax.random.key(0)
+    picked, new_values = pick_edits(key, stored, values, o["edits"], task.num_values)
+    n = len(picked)
+    target_output = value_finder(m["with_kernel"], W, F, o)
+
     rows = {"whitened": [], "plain": []}
     base_out = H @ W
     for i, v_new in zip(picked, new_values):
@@ -114,12 +139,12 @@ def run(inp: ProbeInput):
         for kind, metric in (("whitened", C), ("plain", None)):
             W2 = rank_one_edit(W, h_star, v_star, metric)
             after = np.asarray(predict(W2))
-            others = np.arange(len(targets)) != i
+            others = np.arange(len(values)) != i
             change = np.asarray(H @ W2 - base_out)[others]
             rows[kind].append({
                 "success": float(after[i] == v_new),
-                "facts_lost": int(np.sum(stored & others & (after != np.asarray(targets - F)))),
-                "changed": int(np.sum(others & (after != np.asarray(before)))),
+                "facts_lost": int(np.sum(stored & others & (after != values))),
+                "changed": int(np.sum(others & (after != before))),
                 "output_change": float(np.sqrt(np.mean(np.sum(change**2, -1)))
                                        / np.sqrt(np.mean(np.sum(np.asarray(base_out)[others] ** 2, -1)))),
             })
@@ -147,7 +172,7 @@ def _figure(metrics, rows):
     return fig
 
 
-def _applies(cfg) -> str | None:
+def applies(cfg) -> str | None:
     if cfg.task.name != "memorize":
         return f"needs a memorize run, not {cfg.task.name!r}"
     if cfg.mlp.name == "none":
@@ -159,5 +184,5 @@ def _applies(cfg) -> str | None:
     return None
 
 
-probe = Probe(run=run, applies=_applies,
+probe = Probe(run=run, applies=applies,
               description="whitened vs plain rank-one edit of one stored fact: success and other facts moved")
