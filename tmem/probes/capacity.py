@@ -19,6 +19,11 @@ decayed), and decayed's adds its `horizon`, the number of recent pairs an
 endless stream keeps readable. Their knobs: `delta_beta` (1), `ridge` (1e-3),
 `gamma` (1 - 1/d_k). The delta rule has no theory (None). Their capacities
 lie under 2 d_k, so they cost a few seconds of the default run.
+
+The random-feature store (`stores=[performer]`, not in the default list)
+estimates the exponential read at softmax_d_k and beta = sqrt(softmax_d_k)
+with m of Performer's features; its entry is at the largest m of
+`performer_features` and its `trend` at each.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 import jax
 import numpy as np
 
-from tmem.memory.capacity import (KNOBS, STORES, WRITTEN, capacity_formula, capacity_theory, default_knob,
+from tmem.memory.capacity import (KNOBS, MAX_FEATURES, STORES, WRITTEN, capacity_formula, capacity_theory, default_knob,
                                   end_ratios, find_capacity, interference_ratio, theory_ratio)
 from tmem.memory.capacity_writes import check_knob, decayed_age_ratio, decayed_horizon
 from tmem.probes.base import Probe, ProbeInput
@@ -47,6 +52,7 @@ DEFAULTS = {
     "delta_beta": 1.0,  # the delta rule's write strength
     "ridge": 1e-3,  # the RLS store's ridge
     "gamma": None,  # the decayed store's gamma; None means 1 - 1/d_k
+    "performer_features": [16, 64, 256, 1024],  # the random-feature store's m, each at most MAX_FEATURES
 }
 
 
@@ -104,11 +110,18 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
             check_knob(store, knobs[store])
         except ValueError as e:
             raise ValueError(f"options.capacity.{option[store]}: {e}") from None
+    if not all(1 <= m <= MAX_FEATURES for m in o["performer_features"]):
+        raise ValueError(f"options.capacity.performer_features={list(o['performer_features'])}: each m must lie in "
+                         f"1..{MAX_FEATURES}")
     start = time.perf_counter()
     out = {"d_k": o["d_k"], "queries": o["queries"], "rtol": o["rtol"]}
     common = dict(d_v=o["d_v"], queries=o["queries"], rtol=o["rtol"])
     for i, store in enumerate(o["stores"]):
         k = jax.random.fold_in(key, i)
+        if store == "performer":
+            trend = [measure(store, o["softmax_d_k"], k, knob=m, **common) for m in sorted(o["performer_features"])]
+            out[store] = {**trend[-1], "trend": trend}
+            continue
         if store != "softmax":
             out[store] = measure(store, o["d_k"], k, knob=knobs.get(store), **common)
             continue
