@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import quick_only
-from tmem.memory.capacity import (MAX_FEATURES, STORES, WRITTEN, capacity_formula, capacity_theory, end_ratios, find_capacity,
-                                  interference_ratio, recall, score_moment, split_recall, theory_ratio,
-                                  unit_dot_moment)
+from tmem.memory.capacity import (MAX_FEATURES, STORES, WRITTEN, capacity_formula, capacity_theory, end_ratios,
+                                  find_capacity, interference_ratio, recall, score_moment, split_recall,
+                                  theory_ratio, unit_dot_moment)
 from tmem.memory.capacity_writes import (check_knob, decayed_age_ratio, decayed_capacity, decayed_horizon,
                                          decayed_ratio, query_rows)
 from tmem.memory.reads import linear_read

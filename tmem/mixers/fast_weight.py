@@ -134,7 +134,8 @@ class FastWeightConfig(MixerConfig):
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
         if self.eval_form not in (None, "auto", *FORMS):
             raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, auto, {', '.join(FORMS)}")
-        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "num_features", "key_width", "value_width", "qk_groups"):
+        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "num_features", "key_width", "value_width",
+                      "qk_groups"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise ValueError(f"mixer.{field}={value} must be positive")
@@ -389,7 +390,7 @@ class FastWeight(Mixer):
         projection = self.features[...] if cfg.feature_map == "performer" else None
         # queries stabilised (Performer's max per token), which the normaliser the row requires divides out
         q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu, projection,
-                            stabilise=y is q) for y in (q, k))
+                            stabilise) for y, stabilise in ((q, True), (k, False)))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":
             q, k = l2_normalize(q), l2_normalize(k)
