@@ -14,8 +14,8 @@ began open (`mixer.forget_bias=4`), tokens-mamba2 when Mamba-2's A began
 in (0.1, 1) (`mixer.a_range`) and again when its B and C became as wide as the
 model and its values half of it (`mixer.expand=0.5`); each `*-before` case holds the row's earlier
 setting to the original recording (copied, not re-measured); tokens-softmax-relu3, -moe and -pkm were
-recorded when those MLPs were added (MLP_SWITCHES). The vector task's cases of
-rows outside VECTOR_ROWS were dropped to keep the suite within its time (their
+recorded when those MLPs were added (MLP_SWITCHES), and tokens-performer when random-feature attention
+was. The vector task's cases of rows outside VECTOR_ROWS were dropped to keep the suite within its time (their
 token cases hold the same rows' math).
 """
 

@@ -49,6 +49,19 @@ def test_a_knob_outside_its_range_is_one_line(tmp_path):
                  options={"capacity": {"stores": ["decayed"], "gamma": 1.5}})
 
 
+@pytest.mark.slow  # a few seconds: two searches
+def test_the_random_feature_store_holds_more_with_more_features(tmp_path):
+    options = {"capacity": {"stores": ["performer"], "softmax_d_k": 8, "performer_features": [64, 1024],
+                            "queries": 256}}
+    entry = evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
+                     options=options)["capacity"]["performer"]
+    assert [e["features"] for e in entry["trend"]] == [64, 1024] and entry["features"] == 1024
+    assert entry["trend"][0]["capacity"] < entry["capacity"] and entry["theory"] is None
+    with pytest.raises(ValueError, match=r"options.capacity.performer_features=\[2048\]: each m must lie in"):
+        evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),
+                 options={"capacity": {"stores": ["performer"], "performer_features": [2048]}})
+
+
 def test_unknown_store_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown.*allowed: hebbian"):
         evaluate(None, ["capacity"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"),

@@ -31,8 +31,9 @@ def splits(T: int) -> tuple[int, int]:
 def _chunked(mixer: str) -> list[str]:
     """A chunk of 4 where the row's file sets one, and a mini-batch of 4 where the row has mini-batches, so every
     split falls inside one."""
-    chunk = ["mixer.chunk=4"] if "chunk" in OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml") else []
-    return chunk + (["mixer.mini_batch=4"] if "mini_batch" in {f.name for f in dataclasses.fields(CONFIGS[mixer])}
+    node = OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml")  # a row's file, or a setting of one
+    chunk = ["mixer.chunk=4"] if "chunk" in node else []
+    return chunk + (["mixer.mini_batch=4"] if "mini_batch" in {f.name for f in dataclasses.fields(CONFIGS[node.name])}
                     else [])
 
 

@@ -175,3 +175,27 @@ def test_written_out_norms_equal_their_definitions():
     (got,), (want,) = (jax.vjp(f, x)[1](dy) for f in (_l2_normalize, definition))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_l2_normalize(x), definition(x), rtol=1e-6, atol=1e-7)
+
+
+def test_performer_features_are_drawn_once_kept_untrained_and_restored(tiny_cfg, tmp_path):
+    """The projection is no Param (the optimizer's state and the gradients never hold it) but a variable of the
+    train state's rest, which a checkpoint saves and restores; the row refuses to run unnormalised."""
+    from tmem.model import build_model
+    from tmem.train.checkpoint import Checkpoints
+    from tmem.train.optim import build_optimizer
+    from tmem.train.step import init_state
+
+    cfg, _ = tiny_cfg("mixer=performer", "mixer.num_features=24")
+    _, state = init_state(build_model(cfg, cfg.task), build_optimizer(cfg.optim, 10), seed=0)
+    paths = lambda tree: {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(tree)}  # noqa: E731
+    assert not any("features" in p for p in paths(state.params))
+    drawn = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(state.rest) if "features" in map(str, p)}
+    assert len(drawn) == 2 and all(w.shape == (8, 24) for w in drawn.values())  # one per layer, d_k = 8
+    Checkpoints(tmp_path / "ck").save(state)
+    restored = Checkpoints(tmp_path / "ck").restore(jax.eval_shape(lambda: state))
+    back = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(restored.rest) if p in drawn}
+    assert back.keys() == drawn.keys()
+    for p in drawn:
+        np.testing.assert_array_equal(back[p], drawn[p])
+    with pytest.raises(ValueError, match="feature_map=performer needs mixer.normalize=true"):
+        FastWeightConfig(feature_map="performer").check(16)

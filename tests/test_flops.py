@@ -11,13 +11,13 @@ from conftest import ROOT, compose_config, quick_only
 from tmem.config import validate
 from tmem.flops import step_flops
 from tmem.memory.chunked import one_reference_scores
-from tmem.memory.features import feature_map
+from tmem.memory.features import feature_map, performer
 from tmem.memory.flops import cg_step, gradient_step, state_pass, token_step, ttt_step
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import MIXERS
 from tmem.mixers.fast_weight import FastWeightConfig
 from tmem.mixers.base import MixerConfig
-from tmem.mixers.flops import Uncounted, feature_map_cost
+from tmem.mixers.flops import Uncounted, feature_map_cost, feature_maps
 from tmem.mixers.titans import TitansConfig
 from tmem.train.build import build
 from tmem.train.step import make_train_step
@@ -307,12 +307,34 @@ def test_the_feature_maps_cost_what_xla_counts(name, nu, d):
     assert (forward / x.size, (both - forward) / x.size) == feature_map_cost(name, nu, d)
 
 
+@pytest.mark.parametrize("d,m", [(16, 64), (8, 128), (32, 128)])
+def test_the_performer_map_costs_what_xla_counts(d, m):
+    """q's map (stabilised) and k's (plain) over 64 tokens each, forward and backward, the projection fixed."""
+    x, w = jax.ShapeDtypeStruct((64, d), jnp.float32), jax.ShapeDtypeStruct((d, m), jnp.float32)
+    g = jax.ShapeDtypeStruct((64, m), jnp.float32)
+
+    def both_maps(q, k, w, gq, gk):
+        (phi_q, pull_q), (phi_k, pull_k) = (jax.vjp(lambda y: performer(y, w, stabilise=s), y)
+                                            for y, s in ((q, True), (k, False)))
+        return phi_q, phi_k, pull_q(gq), pull_k(gk)
+
+    assert flops_of(jax.jit(both_maps).lower(x, x, w, g, g)) == feature_maps("performer", 64, d, 1, m)
+
+
 @pytest.mark.slow
 def test_the_count_of_dpfp_matches_xla():
     """DPFP widens each head's d_k = 16 to d_phi = 2 nu d_k = 64 for nu = 2; the linear row with its normaliser
     (analytic / XLA 0.966; 0.968 for nu = 1)."""
     overrides = (*loop_free("linear"), "mixer.feature_map=dpfp", "mixer.dpfp_nu=2", "mixer.normalize=true",
                  "mixer.qk_norm=none")
+    analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
+    assert analytic == pytest.approx(xla, rel=TOLERANCE), f"analytic {analytic:.4g}, XLA {xla:.4g}"
+
+
+@pytest.mark.slow
+def test_the_count_of_performer_attention_matches_xla():
+    """The linear row with 64 random features (d_phi = 64 from d_k = 32) and its normaliser."""
+    overrides = ("mixer=performer", "train.microbatch=null", "mixer.chunk=64")
     analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"analytic {analytic:.4g}, XLA {xla:.4g}"
 

@@ -11,6 +11,11 @@ from flax import nnx
 NORMS = ("layernorm", "rmsnorm", "none")
 
 
+class Fixed(nnx.Variable):
+    """A weight training does not change: not an nnx.Param, so the optimizer never sees it; a checkpoint keeps it
+    with the model's other variables."""
+
+
 def make_norm(kind: str, width: int, rngs: nnx.Rngs):
     """A norm by name; "none" is the identity (attention-only toy models)."""
     if kind == "layernorm":

@@ -8,13 +8,9 @@ from flax import nnx
 
 from tmem.autoencoder import AutoEncoder
 from tmem.backbone import Backbone, final_norm
-from tmem.layers import linear
+from tmem.layers import Fixed, linear
 from tmem.schema import Config
 from tmem.vector_model import VectorModel
-
-
-class Fixed(nnx.Variable):
-    """A weight training does not change: not an nnx.Param, so the optimizer never sees it."""
 
 
 class LM(Backbone):

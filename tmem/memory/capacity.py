@@ -16,7 +16,14 @@ The written stores (delta, rls, decayed) are made by writing the pairs in
 order, so a pair's read depends on its age; capacity_writes.py holds their
 order, their queries and the decayed store's theory. Each store has at most
 one knob, passed as `knob` (None: its default): softmax's inverse temperature
-beta, the delta rule's write strength beta, the RLS ridge, the decay gamma.
+beta, the delta rule's write strength beta, the RLS ridge, the decay gamma,
+the random-feature store's number of features m.
+
+The random-feature store (Chapter 12) is a matrix store of Performer's
+features, S = sum_i phi(k_i) v_i^T read phi(q)^T S, whose kernel estimates the
+exponential read's exp(beta k.q) at beta = sqrt(d_k) (the softmax entry's);
+each store draws its own features. It has no theory here: its capacity lies
+between the linear store's and the exponential read's as m grows.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import numpy as np
 from tmem.memory.capacity_writes import (WRITTEN, check_knob, decayed_capacity, decayed_ratio, query_rows,
                                          write_store)
 from tmem.memory.capacity_writes import default_knob as written_knob
+from tmem.memory.features import performer, random_features
 from tmem.memory.reads import SCORES, exp_read, linear_read, score_read
 from tmem.memory.stores import hebbian_write, lstsq_write
 
@@ -38,22 +46,45 @@ from tmem.memory.stores import hebbian_write, lstsq_write
 STORES: dict[str, str | None] = {
     "hebbian": None, "lstsq": None, "relu": "relu", "relu2": "relu2", "relu3": "relu3",
     "softmax": None, "gelu": "gelu", "swiglu": "swish_gate", "delta": None, "rls": None, "decayed": None,
+    "performer": None,
 }
 # store name -> the name of its knob (the others have none)
-KNOBS: dict[str, str] = {"softmax": "beta", **{store: name for store, (name, _) in WRITTEN.items()}}
+KNOBS: dict[str, str] = {"softmax": "beta", "performer": "features",
+                         **{store: name for store, (name, _) in WRITTEN.items()}}
+# the random-feature store draws this many features and keeps the first m (its knob), so one compiled program
+# serves every m: the knob is an argument of the program, not a shape
+MAX_FEATURES = 1024
 
 
 def default_knob(store: str, d_k: int) -> float:
-    """The knob a store gets when none is given: softmax's beta = 1, the written stores' defaults."""
+    """The knob a store gets when none is given: softmax's beta = 1, the written stores' defaults, 64 features."""
+    if store == "performer":
+        return 64
     return written_knob(store, d_k) if store in WRITTEN else 1.0
 
 
-def recall(store: str, K: jax.Array, V: jax.Array, queries: jax.Array, knob=None) -> jax.Array:
+def random_feature_read(K: jax.Array, V: jax.Array, queries: jax.Array, m, key: jax.Array) -> jax.Array:
+    """phi(q)^T sum_i phi(k_i) v_i^T with the first m of MAX_FEATURES Performer features drawn from `key`.
+
+    performer() estimates exp(x.y / sqrt(d)); keys scaled by sqrt(d) make that exp(sqrt(d) k.q), the exponential
+    read at beta = sqrt(d). The features' common scale 1/sqrt(m) cancels in any ratio, so it is left out.
+    """
+    d = K.shape[1]
+    keep = (jnp.arange(MAX_FEATURES) < m)[None, :]
+    w = random_features(key, d, MAX_FEATURES)
+    phi = lambda x: performer(math.sqrt(d) * x, w) * keep  # noqa: E731
+    return linear_read(hebbian_write(phi(K), V), phi(queries))
+
+
+def recall(store: str, K: jax.Array, V: jax.Array, queries: jax.Array, knob=None, key=None) -> jax.Array:
     """Read-out [Q, d_v] of `store` holding the pairs (K, V) for queries [Q, d_k], with its knob (None: the default).
 
-    A written store writes the rows last first: row 0 is the newest pair.
+    A written store writes the rows last first: row 0 is the newest pair. `key` draws the random-feature
+    store's features.
     """
     knob = default_knob(store, K.shape[1]) if knob is None else knob
+    if store == "performer":
+        return random_feature_read(K, V, queries, knob, key)
     if store in WRITTEN:
         return linear_read(write_store(store, K, V, knob), queries)
     if store == "hebbian":
@@ -71,7 +102,7 @@ def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def split_recall(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob=None, offsets=None):
+def split_recall(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob=None, offsets=None, key=None):
     """The sum over the stored keys queried of ||interference||^2 / ||signal||^2, and their number,
     for one random store: M pairs of unit keys and values, the directions of K [N, d_k] and V [N, d_v].
 
@@ -82,11 +113,11 @@ def split_recall(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob
     the queries, or for a written store the rows `query_rows` picks with
     `offsets` [n_queries].
     """
-    ratio2, pooled = query_ratios(store, K, V, M, n_queries, knob, offsets)
+    ratio2, pooled = query_ratios(store, K, V, M, n_queries, knob, offsets, key)
     return jnp.sum(jnp.where(pooled, ratio2, 0.0)), jnp.sum(pooled)
 
 
-def query_ratios(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob=None, offsets=None):
+def query_ratios(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob=None, offsets=None, key=None):
     """Each query's ||interference||^2 / ||signal||^2 and whether it joins the pool (split_recall's parts).
 
     A written store's queries end with its newest and oldest pairs, outside the pool.
@@ -101,7 +132,7 @@ def query_ratios(store: str, K: jax.Array, V: jax.Array, M, n_queries: int, knob
         K = jnp.where(present, K, 0.0)
     rows = query_rows(M, n_queries, offsets) if store in WRITTEN else jnp.arange(n_queries)
     marks = (jnp.arange(N)[:, None] == rows[None, :]).astype(V.dtype)
-    out = recall(store, K, jnp.concatenate([V, marks], axis=1), K[rows], knob)
+    out = recall(store, K, jnp.concatenate([V, marks], axis=1), K[rows], knob, key)
     d_v = V.shape[1]
     signal = jnp.diagonal(out[:, d_v:])[:, None] * V[rows]
     ratio2 = jnp.sum((out[:, :d_v] - signal) ** 2, -1) / jnp.maximum(jnp.sum(signal**2, -1), 1e-30)
@@ -141,7 +172,8 @@ def _program(store: str, M: int, d_k: int, d_v: int | None, queries: int, per_st
     d_v = d_k if d_v is None else d_v
     N = store_rows(M)
     n_q = min(per_store, N)
-    batch = max(1, min(math.ceil(queries / n_q), max_elements // (N * (n_q + d_v + d_k))))
+    features = 2 * MAX_FEATURES if store == "performer" else 0  # phi of the keys and of the queries
+    batch = max(1, min(math.ceil(queries / n_q), max_elements // (N * (n_q + d_v + d_k + features))))
     return _pooled(store, N, d_k, d_v, n_q, batch), n_q, batch
 
 
@@ -177,13 +209,16 @@ def _pooled(store: str, N: int, d_k: int, d_v: int, n_q: int, batch: int) -> Cal
     sig = (store, N, d_k, d_v, n_q, batch)
     if sig not in _CACHE:
         def pooled(key, M, knob):
-            offsets = None
+            offsets = features = None
             if store in WRITTEN:  # (the other stores keep their draws as they were)
                 key, at = jax.random.split(key)
                 offsets = jax.random.uniform(at, (batch, n_q))
+            if store == "performer":  # each store its own features
+                key, at = jax.random.split(key)
+                features = jax.random.split(at, batch)
             X = jax.random.normal(key, (batch, N, d_k + d_v))
-            ratio2, pool = jax.vmap(lambda x, o: query_ratios(store, x[:, :d_k], x[:, d_k:], M, n_q, knob, o))(
-                X, offsets)
+            ratio2, pool = jax.vmap(lambda x, o, f: query_ratios(store, x[:, :d_k], x[:, d_k:], M, n_q, knob, o, f))(
+                X, offsets, features)
             ends = ratio2[:, -2:].sum(0) if store in WRITTEN else jnp.zeros(2)
             return jnp.stack([jnp.where(pool, ratio2, 0.0).sum(), pool.sum(), *ends])
 
@@ -282,7 +317,7 @@ def capacity_theory(store: str, d: int, knob: float | None = None) -> float | No
         return 2.0 * d - 2.0
     if store == "decayed":
         return decayed_capacity(d, knob)
-    if store == "delta":
+    if store in ("delta", "performer"):
         return None
     if store == "softmax":  # E[e^(t s)] = 0F1(; d/2; t^2/4), the unit-sphere moment generating function
         from scipy.special import hyp0f1
@@ -307,7 +342,7 @@ def capacity_formula(store: str, d: int, knob: float | None = None) -> float | N
 def theory_ratio(store: str, d: int, M, knob: float | None = None):
     """The expected ratio at M under the exact-moment theory (the dashed curves of the figure); None for delta."""
     M = np.asarray(M, np.float64)
-    if store == "delta":
+    if store in ("delta", "performer"):
         return None
     if store in ("lstsq", "rls"):
         return np.sqrt(np.clip((M - d) / (d - 2), 0, None))

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from tmem.layers import ShortConv, dense, l2_normalize, linear, rms_norm, short_conv
+from tmem.layers import Fixed, ShortConv, dense, l2_normalize, linear, rms_norm, short_conv
 from tmem.memory.chunked import chunked
-from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width
+from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width, random_features
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import flops as count
 from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions, mask_heads,
@@ -86,9 +86,14 @@ class FastWeightConfig(MixerConfig):
     # for fla's rows; Mamba-2's 1/2 pays for its B and C as wide as the model (configs/mixer/mamba2.yaml)
     expand: float = 1.0
     # identity | elu (elu + 1) | relu | dpfp (expands d_k to 2 nu d_k) | taylor (Based's: 1 + d_k + d_k^2, its
-    # kernel 1 + q.k/sqrt(d_k) + (q.k)^2/(2 d_k) carries its own scale, so pair it with q_scale=1)
+    # kernel 1 + q.k/sqrt(d_k) + (q.k)^2/(2 d_k) carries its own scale, so pair it with q_scale=1) | performer
+    # (num_features positive random features whose normalised read approximates softmax's exp(q.k/sqrt(d_k)): its
+    # own scale too, and it needs normalize)
     feature_map: str = "identity"
     dpfp_nu: int = 1
+    num_features: int = 64  # performer's m, d_phi: the kernel's error falls as m^(-1/2)
+    # performer's projections in orthogonal blocks (the paper's default, a smaller error), else independent
+    orthogonal_features: bool = True
     normalize: bool = False  # divide the read by q . z_t, z_t the (decayed) sum of keys
     q_scale: float | None = None  # None: d_phi^(-1/2)
     qk_norm: str = "none"  # none | rms (RMSNorm with a gain) | l2 (unit q and k; the delta rule needs unit keys)
@@ -129,7 +134,8 @@ class FastWeightConfig(MixerConfig):
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
         if self.eval_form not in (None, "auto", *FORMS):
             raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, auto, {', '.join(FORMS)}")
-        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "key_width", "value_width", "qk_groups"):
+        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "num_features", "key_width", "value_width",
+                      "qk_groups"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise ValueError(f"mixer.{field}={value} must be positive")
@@ -158,7 +164,10 @@ class FastWeightConfig(MixerConfig):
             raise ValueError(f"mixer.forget_bias={self.forget_bias} needs decay=vector, whose gate it starts")
         if self.normalize and (self.rule != "add" or self.feature_map == "identity"):
             raise ValueError("mixer.normalize needs rule=add and a positive kernel (feature_map elu, relu, dpfp, "
-                             "taylor)")
+                             "taylor, performer)")
+        if self.feature_map == "performer" and not self.normalize:
+            raise ValueError("mixer.feature_map=performer needs mixer.normalize=true: its features estimate "
+                             "exp(q.k/sqrt(d_k)), a softmax only once divided by their sum")
 
     @property
     def groups(self) -> int:
@@ -175,7 +184,7 @@ class FastWeightConfig(MixerConfig):
         """d_k, d_phi (the state's key width) and d_v: each head's, its q and k shared by its group's heads."""
         d_key = self.key_width or width // self.groups
         d_value = self.value_width or int(self.values_total(width)) // self.heads
-        return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu), d_value
+        return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu, self.num_features), d_value
 
     def fit(self, task, width: int) -> FastWeightConfig:
         """eval_form=auto made concrete: it depends on the keys' width, which the model's width decides."""
@@ -228,7 +237,7 @@ class FastWeightConfig(MixerConfig):
         if c.short_conv:
             channels = 2 * G * d_key + H * d_v
             parts["mixer/conv"] += count.short_conv(B, T, channels, c.short_conv) + 2 * N * channels * c.conv_bias
-        gates = count.elementwise(2 * N * G * d_key, count.feature_map_cost(c.feature_map, c.dpfp_nu, d_key))
+        gates = count.feature_maps(c.feature_map, N * G, d_key, c.dpfp_nu, c.num_features)
         if c.qk_norm == "l2":
             gates += count.elementwise(2 * N * G * d_phi, count.L2_NORMALIZE)
         elif c.qk_norm == "rms":
@@ -325,6 +334,8 @@ class FastWeight(Mixer):
         self.out = layer(H * d_value, width)
         if cfg.qk_norm == "rms":  # made last, so the rows without it draw their parameters as before
             self.q_norm, self.k_norm = (nnx.RMSNorm(d_phi, rngs=rngs) for _ in range(2))
+        if cfg.feature_map == "performer":  # drawn once, kept in the checkpoint, never trained
+            self.features = Fixed(random_features(rngs.params(), d_key, d_phi, cfg.orthogonal_features))
 
     def output_norm(self, o_bthd):
         """RMSNorm of the read [B, T, H, d_v], over each head's d_v or over all H d_v at once."""
@@ -380,7 +391,10 @@ class FastWeight(Mixer):
             qkv, tail = short_conv(jnp.concatenate([q, k, v], -1), kernel, None if state is None else state.conv,
                                    bias, silu=True)
             q, k, v = jnp.split(qkv, [q.shape[-1], q.shape[-1] + k.shape[-1]], axis=-1)
-        q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu) for y in (q, k))
+        projection = self.features[...] if cfg.feature_map == "performer" else None
+        # queries stabilised (Performer's max per token), which the normaliser the row requires divides out
+        q, k = (feature_map(cfg.feature_map, y.reshape(B, T, cfg.groups, self.d_key), cfg.dpfp_nu, projection,
+                            stabilise) for y, stabilise in ((q, True), (k, False)))
         v = v.reshape(B, T, H, self.d_value)
         if cfg.qk_norm == "l2":
             q, k = l2_normalize(q), l2_normalize(k)

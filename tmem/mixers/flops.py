@@ -47,6 +47,12 @@ DPFP, DPFP_SHIFT = (3, 5), (4, 12)
 # Based's Taylor map per element of its d-wide input, (1 + 2d, 1 + 5d): x / d^(1/4), then its row of x x^T and that
 # row's scale; backward, the scaled gradient and x x^T's (each coordinate's gradient reads its row and column)
 TAYLOR, TAYLOR_PER_KEY = (1, 1), (2, 5)
+# Performer's map per token of width d into m features (XLA's count for m a multiple of 64; it counts a max over
+# fewer lanes, or a backward of an odd width, a few FLOPs otherwise): forward 2dm (the projection) + 2m (the
+# square's subtraction, the 1/sqrt(m)) + 4d (the scale and |x|^2); backward 2dm + 2m + 5d + 1 (the projection
+# is fixed, so only x's gradient); the queries' stabiliser, a max and a subtraction, 2m - 1 more forward
+PERFORMER_PER_PRODUCT, PERFORMER_PER_FEATURE, PERFORMER_PER_KEY = (2, 2), (2, 2), (4, 5)
+PERFORMER_STABILISER = (2, -1)  # per feature, per token: forward only (the max's gradient is stopped)
 # norms: (forward, backward with the input's gradient, backward of the scale and bias alone)
 NORMS = {"layernorm": (7, 13, 4), "rmsnorm": (4, 9, 3), "none": (0, 0, 0)}
 
@@ -65,6 +71,15 @@ def feature_map_cost(name: str, dpfp_nu: int, d_key: int) -> tuple[int, int]:
     if name == "taylor":
         return TAYLOR[0] + d_key * TAYLOR_PER_KEY[0], TAYLOR[1] + d_key * TAYLOR_PER_KEY[1]
     return FEATURE_MAPS[name]
+
+
+def feature_maps(name: str, tokens: int, d_key: int, dpfp_nu: int, num_features: int) -> int:
+    """The feature map of q and of k over `tokens` tokens of d_key (each group's), forward and backward."""
+    if name != "performer":
+        return elementwise(2 * tokens * d_key, feature_map_cost(name, dpfp_nu, d_key))
+    d, m = d_key, num_features
+    per_token = sum(PERFORMER_PER_PRODUCT) * d * m + sum(PERFORMER_PER_FEATURE) * m + sum(PERFORMER_PER_KEY) * d + 1
+    return tokens * (2 * per_token + PERFORMER_STABILISER[0] * m + PERFORMER_STABILISER[1])
 
 
 def short_conv(B: int, T: int, C: int, K: int) -> int:

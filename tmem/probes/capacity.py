@@ -23,6 +23,11 @@ lie under 2 d_k, so they cost a few seconds of the default run.
 `hopfield` is the classical binary Hopfield network (hopfield_capacity.py):
 patterns in {-1, +1}^N at each N of `hopfield_n`, `hopfield_seeds` draws each,
 under three criteria of "stored", each with its own law.
+
+The random-feature store (`stores=[performer]`, not in the default list)
+estimates the exponential read at softmax_d_k and beta = sqrt(softmax_d_k)
+with m of Performer's features; its entry is at the largest m of
+`performer_features` and its `trend` at each.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import time
 import jax
 import numpy as np
 
-from tmem.memory.capacity import (KNOBS, STORES, WRITTEN, capacity_formula, capacity_theory, default_knob,
+from tmem.memory.capacity import (KNOBS, MAX_FEATURES, STORES, WRITTEN, capacity_formula, capacity_theory, default_knob,
                                   end_ratios, find_capacity, interference_ratio, theory_ratio)
 from tmem.memory.capacity_writes import check_knob, decayed_age_ratio, decayed_horizon
 from tmem.probes.base import Probe, ProbeInput
@@ -54,6 +59,7 @@ DEFAULTS = {
     "gamma": None,  # the decayed store's gamma; None means 1 - 1/d_k
     "hopfield_n": [100, 200],  # the binary Hopfield network's sizes N
     "hopfield_seeds": 1,
+    "performer_features": [16, 64, 256, 1024],  # the random-feature store's m, each at most MAX_FEATURES
 }
 
 
@@ -111,6 +117,9 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
             check_knob(store, knobs[store])
         except ValueError as e:
             raise ValueError(f"options.capacity.{option[store]}: {e}") from None
+    if not all(1 <= m <= MAX_FEATURES for m in o["performer_features"]):
+        raise ValueError(f"options.capacity.performer_features={list(o['performer_features'])}: each m must lie in "
+                         f"1..{MAX_FEATURES}")
     start = time.perf_counter()
     out = {"d_k": o["d_k"], "queries": o["queries"], "rtol": o["rtol"]}
     common = dict(d_v=o["d_v"], queries=o["queries"], rtol=o["rtol"])
@@ -119,6 +128,10 @@ def capacity_table(options: dict, key: jax.Array) -> dict:
         if store == "hopfield":
             out[store] = hopfield_table(o["hopfield_n"], int(o["hopfield_seeds"]),
                                         int(jax.random.randint(k, (), 0, 2**31 - 1)))
+            continue
+        if store == "performer":
+            trend = [measure(store, o["softmax_d_k"], k, knob=m, **common) for m in sorted(o["performer_features"])]
+            out[store] = {**trend[-1], "trend": trend}
             continue
         if store != "softmax":
             out[store] = measure(store, o["d_k"], k, knob=knobs.get(store), **common)
