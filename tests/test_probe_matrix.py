@@ -43,7 +43,7 @@ def pairs():
                 mixer = cfg.mixer.fit(task, cfg.model.width)
             except ValueError:  # the row cannot read this task (validation refuses the pair in one line)
                 continue
-            model = resolve_auto(dataclasses.replace(cfg.model, positions="auto", read_in="auto"), mixer, task)
+            model = resolve_auto(dataclasses.replace(cfg.model, positions="auto", read_in="auto"), (mixer,), task)
             yield from ((row, name, c) for c in switched(dataclasses.replace(cfg, task=task, mixer=mixer,
                                                                              model=model)))
 

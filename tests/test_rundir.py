@@ -375,8 +375,8 @@ def test_a_run_that_fails_before_its_first_checkpoint_gives_its_directory_back(t
         "build": ["1", None],  # an error of the code, not the command: Hydra prints it, and the directory goes too
         "compile": ["1", None],
         "first save": ["error: injected at the first save", None],
-        "the same command again": ["trained", [".hydra", rundir.CLAIM, "checkpoints", "summary.json", "train.log",
-                                               "wandb"]],
+        "the same command again": ["trained", [".hydra", rundir.CLAIM, "checkpoints", "metrics.jsonl", "resolved.yaml",
+                                               "summary.json", "train.log", "wandb"]],
     }, done.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
 

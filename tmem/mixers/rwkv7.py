@@ -28,6 +28,7 @@ token shift and the decay.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import jax
@@ -40,7 +41,7 @@ from tmem.mixers import flops as count
 from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
 
 SHIFTED = ("r", "w", "k", "v", "a", "g")  # the maps that each read their own token-shift mix
-LOG_DECAY_SCALE = -jnp.exp(-0.5)  # log w = -e^{-1/2} sigmoid(.): decays in (0.545, 1)
+LOG_DECAY_SCALE = -math.exp(-0.5)  # log w = -e^{-1/2} sigmoid(.): decays in (0.545, 1)
 GROUP_NORM_EPS = 1e-5  # times the head's width, as fla's RWKV-7
 
 

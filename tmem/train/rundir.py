@@ -27,6 +27,8 @@ from omegaconf import OmegaConf, open_dict
 from tmem.command import check_group_overrides, compose_command, overrides_of
 from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate
 from tmem.mixers import config_type
+from tmem.train.record import METRICS
+from tmem.train.resolved import RESOLVED
 
 CLAIM = ".tmem-run"  # created exclusively by the command that starts a run; it holds who and when
 RUN_FILES = (CLAIM, "summary.json", "checkpoints", ".hydra/config.yaml")  # any of them: the directory holds a run
@@ -183,7 +185,8 @@ def release(run_dir: Path) -> None:
     a first save that failed).
 
     What the claim, Hydra and the run's first moments wrote goes (the marker,
-    `.hydra/`, the job's log, an empty checkpoints folder, the wandb files),
+    `.hydra/`, the job's log, the resolved record, the metrics file, an empty
+    checkpoints folder, the wandb files),
     so the same command can run again; anything that was there before the
     claim stays. A run with a checkpoint or a summary stays as it is, and so
     does a directory this process did not claim (a resumed run).
@@ -201,7 +204,7 @@ def _remove_written(run_dir: Path, existed: frozenset[str] | None, claim: bool =
     """Remove what a claimed run writes before its first checkpoint, except what was there before the claim
     (`existed`: the names the directory held; None: it did not exist, so it goes too once empty)."""
     for name in ((CLAIM,) if claim else ()) + (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
-                                                "train.log"):
+                                                "train.log", RESOLVED, METRICS):
         (run_dir / name).unlink(missing_ok=True)
     for name in ("wandb", "checkpoints"):
         if name not in (existed or ()) and (run_dir / name).is_dir():
