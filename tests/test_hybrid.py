@@ -63,6 +63,7 @@ def test_the_recipe_is_the_entry_with_the_smallest_rate_and_optim_lr_still_wins(
     assert config(GDN_SOFTMAX, "optim.lr=0.001", "train.microbatch=null").optim.lr == 0.001
 
 
+@pytest.mark.slow  # about 6 s: four models built; the one-entry hybrid test keeps hybrids in the quick subset
 def test_auto_positions_go_to_the_layers_that_take_them():
     assert config(GDN_SOFTMAX).model.positions == "shortformer"
     assert config("model.mixers=[gated_deltanet,mamba2]").model.positions == "none"

@@ -73,6 +73,7 @@ def test_padded_rows_change_nothing(store):
     np.testing.assert_allclose(got, (ratio2.sum(), n_q), rtol=2e-3)
 
 
+@pytest.mark.slow  # the estimator itself is tested quick in tests/test_features.py
 def test_the_random_feature_store_estimates_the_exponential_read_and_interferes_less_with_more_features():
     """Read with one-hot values, the store's weights of m features average, over 400 draws of its features, to
     m / MAX_FEATURES times the exponential read's exp(beta k.q) at beta = sqrt(d): standardised misses of RMS

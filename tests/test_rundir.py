@@ -381,6 +381,7 @@ def test_a_run_that_fails_before_its_first_checkpoint_gives_its_directory_back(t
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
 
 
+@pytest.mark.slow  # two subprocesses; the claim's exclusivity test stays quick
 def test_a_claim_whose_command_died_is_taken_over_by_the_same_command(tmp_path):
     """Killed before its first checkpoint (SIGKILL, or an abort in C++ where Python cannot release it), a command
     leaves its claim unlocked and no run: the same command takes it over. A live claimant keeps it."""
