@@ -22,8 +22,8 @@ from __future__ import annotations
 
 # the memories' counts, which the rows read through this module
 from tmem.memory.flops import (  # noqa: F401
-    GELU, PRODUCT, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, rwkv7_chunked,
-    selective_scan, ttt_dual)
+    GELU, PRODUCT, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual)
+from tmem.memory.flops_decays import rwkv7_chunked, selective_scan  # noqa: F401
 
 
 class Uncounted(ValueError):
