@@ -16,7 +16,7 @@ from orbax.checkpoint import v1 as ocp
 from conftest import ROOT, TINY, compose_config, quick_only
 from tmem.config import validate
 from tmem.model import build_model
-from tmem.train.checkpoint import FINISHED, TMP_SUFFIX, CheckpointError, Checkpoints, Damaged
+from tmem.train.checkpoint import FINISHED, TMP_SUFFIX, CheckpointError, Checkpoints, Damaged, _orphaned_read
 from tmem.train.optim import build_optimizer, learning_rate
 from tmem.train.step import init_state, make_train_step
 
@@ -268,6 +268,21 @@ for _ in range({reads}):
     except Damaged:
         print("named", file=sys.stderr)
 '''
+
+
+@pytest.mark.parametrize("message, orphaned", [
+    ("Task exception was never retrieved\nfuture: <Task finished coro=<_read_array() at /x/orbax/checkpoint/a.py:1>>",
+     True),
+    ("Future exception was never retrieved\nfuture: <Future finished exception=ValueError('OUT_OF_RANGE: Error "
+     "reading shard entry in \"params.c/0/0\" in OCDBT database at local file \"/ck/8/state/\"')>", True),
+    ("_GatheringFuture exception was never retrieved\nfuture: <_GatheringFuture finished exception=Exception("
+     "\"Encountered error while reading array index. See full TensorStore details: ...\")>", True),
+    ("Future exception was never retrieved\nfuture: <Future finished exception=ValueError('bad batch')>", False),
+    ("Task was destroyed but it is pending!\ntask: <Task pending coro=<orbax_read()>>", False),
+])
+def test_only_orbax_reads_that_nobody_awaited_are_dropped_from_asyncio_log(message, orphaned):
+    # the three forms asyncio logs after a damaged step's read; any other error of the event loop still prints
+    assert _orphaned_read(message) is orphaned
 
 
 @pytest.mark.slow  # about 60 s: the late errors come when the garbage collector frees orbax's pending reads, which

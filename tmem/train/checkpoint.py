@@ -292,11 +292,11 @@ def _drop_late_read_errors() -> None:
     orbax runs a step's reads in an event loop it closes without cancelling
     them when one read fails (asyncio_utils._run_sync_via_new_loop). The other
     reads of the step then end as they may: each finishing read reports to the
-    closed loop ("Event loop is closed", unraisable), a task fails that nobody
-    awaits (asyncio's "Task exception was never retrieved" log naming an orbax
-    coroutine), a coroutine was never awaited, or, once the garbage collector
-    gets to a read still pending in the closed loop, often many reads later,
-    closing it raises from orbax's own `except BaseException` (an unraisable
+    closed loop ("Event loop is closed", unraisable), a task, future or
+    gathering fails that nobody awaits (asyncio's "... exception was never
+    retrieved" log naming an orbax coroutine or tensorstore's read), a
+    coroutine was never awaited, or, once the garbage collector gets to a read
+    still pending in the closed loop, often many reads later, closing it raises from orbax's own `except BaseException` (an unraisable
     "Exception ignored in: <coroutine ...>" whose code is orbax's). Dozens of
     these would bury the one line that names the damage; any other error still
     prints.
@@ -313,8 +313,16 @@ def _drop_late_read_errors() -> None:
 
     sys.unraisablehook = _late_read_error
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-    logging.getLogger("asyncio").addFilter(
-        lambda r: not (r.getMessage().startswith("Task exception was never retrieved") and "orbax" in r.getMessage()))
+    logging.getLogger("asyncio").addFilter(lambda record: not _orphaned_read(record.getMessage()))
+
+
+def _orphaned_read(message: str) -> bool:
+    """asyncio's log of a task, future or gathering of futures that failed with nobody awaiting it, where the
+    failure is one of orbax's reads (an orbax coroutine, or tensorstore's error naming the OCDBT database or
+    the TensorStore it read)."""
+    first, _, rest = message.partition("\n")
+    return first.endswith("exception was never retrieved") and any(
+        mark in rest for mark in ("orbax", "OCDBT database", "TensorStore"))
 
 
 def _is_errno(error: BaseException | None, code: int) -> bool:
