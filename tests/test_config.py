@@ -69,8 +69,8 @@ def test_eval_config_composes():
     (["optim.decay_steps=100"], "optim.decay_steps=100 must be more than optim.warmup_steps=100"),
     (["train.microbatch=half"], "train.microbatch='half' must be a positive integer, null or auto"),
     (["train.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64"),
-    (["mixer.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64 (train.microbatch=auto takes "
-                              "mixer.microbatch; set train.microbatch)"),
+    (["mixer.recipe.microbatch=24"], "train.microbatch=24 must divide train.batch_size=64 (train.microbatch=auto takes "
+                              "mixer.recipe.microbatch; set train.microbatch)"),
 ])
 def test_bad_configs_fail_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -104,33 +104,33 @@ def test_entry_point_prints_one_line_and_no_traceback(args, message, tmp_path):
 
 
 def test_learning_rate_defaults_to_the_mixers_and_a_set_one_wins():
-    assert validate(compose_config([])).optim.lr == validate(compose_config([])).mixer.lr
+    assert validate(compose_config([])).optim.lr == validate(compose_config([])).mixer.recipe.lr
     assert validate(compose_config(["optim.lr=3e-4"])).optim.lr == 3e-4
 
 
 def test_a_rows_recommended_schedule_fills_what_optim_leaves_null():
-    """Mamba-2 recommends its decay's end and a weight decay (mixer.optim); a set optim.* wins, a row that
+    """Mamba-2 recommends its decay's end and a weight decay (mixer.recipe); a set optim.* wins, a row that
     recommends none gets the optim group's defaults, and an experiment that pins them trains every row alike."""
     optim = lambda *overrides: validate(compose_config(["logger=disabled", *overrides])).optim  # noqa: E731
     assert (optim("mixer=mamba2").decay_steps, optim("mixer=mamba2").weight_decay) == (1500, 0.3)
     assert (optim("mixer=linear").decay_steps, optim("mixer=linear").weight_decay) == (None, 0.0)
     set_ = optim("mixer=mamba2", "optim.decay_steps=3000", "optim.weight_decay=0")
     assert (set_.decay_steps, set_.weight_decay) == (3000, 0.0)
-    assert optim("mixer=mamba2", "mixer.optim.weight_decay=0.1").weight_decay == 0.1
+    assert optim("mixer=mamba2", "mixer.recipe.weight_decay=0.1").weight_decay == 0.1
     pinned = optim("experiment=capacity_gap", "mixer=mamba2")
     assert (pinned.decay_steps, pinned.weight_decay) == (2000, 0.0)
     with pytest.raises(ConfigError, match="optim.decay_steps=1500 must be more than optim.warmup_steps=2000: .*; "
-                                          "mixer=mamba2 recommends mixer.optim.decay_steps=1500, "):
+                                          "mixer=mamba2 recommends mixer.recipe.decay_steps=1500, "):
         optim("mixer=mamba2", "optim.warmup_steps=2000")
 
 
 def test_the_microbatch_defaults_to_the_mixers_and_a_set_one_wins():
     """A slice size changes only the speed, so each row may keep its own; auto takes it, a number or null wins."""
     train = lambda *overrides: validate(compose_config(list(overrides))).train  # noqa: E731
-    assert train().microbatch == validate(compose_config([])).mixer.microbatch
-    assert train("mixer.microbatch=16").microbatch == 16
-    assert train("mixer.microbatch=16", "train.microbatch=8").microbatch == 8
-    assert train("mixer.microbatch=16", "train.microbatch=null").microbatch is None
+    assert train().microbatch == validate(compose_config([])).mixer.recipe.microbatch
+    assert train("mixer.recipe.microbatch=16").microbatch == 16
+    assert train("mixer.recipe.microbatch=16", "train.microbatch=8").microbatch == 8
+    assert train("mixer.recipe.microbatch=16", "train.microbatch=null").microbatch is None
 
 
 @pytest.mark.parametrize("task, target", [("mqar", 0.99), ("memorize", 1.0), ("linreg", None)])

@@ -32,7 +32,7 @@ def _chunked(mixer: str) -> list[str]:
     """A chunk of 4 where the row's file sets one, and a mini-batch of 4 where the row has mini-batches, so every
     split falls inside one."""
     node = OmegaConf.load(ROOT / "configs" / "mixer" / f"{mixer}.yaml")  # a row's file, or a setting of one
-    chunk = ["mixer.chunk=4"] if "chunk" in node else []
+    chunk = ["mixer.run.chunk=4"] if "chunk" in node.get("run", {}) else []
     return chunk + (["mixer.mini_batch=4"] if "mini_batch" in {f.name for f in dataclasses.fields(CONFIGS[node.name])}
                     else [])
 
@@ -78,7 +78,7 @@ def cases() -> dict[str, list[str]]:
     out["hybrid-tied-learned"] = [*tokens, f"model.mixers=[{_entry('gated_deltanet')},{_entry('softmax')}]",
                                   "model.depth=3", "model.tie_blocks=true", "model.positions=learned"]
     out["hybrid-based"] = [*tokens, "model=based"]
-    out["tokens-mesa-chunked"] = [*_with_heads(tokens, "mesa"), "mixer.form=chunked", "mixer.chunk=4"]
+    out["tokens-mesa-chunked"] = [*_with_heads(tokens, "mesa"), "mixer.run.form=chunked", "mixer.run.chunk=4"]
     return out
 
 

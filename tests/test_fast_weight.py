@@ -19,8 +19,8 @@ ROWS = ("linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet")
 @pytest.mark.parametrize("row", quick_only(ROWS, {"gla", "gated_deltanet"}))
 def test_every_row_is_causal_and_its_chunked_form_equals_its_recurrence(model_and_tokens, row):
     # chunk 5 does not divide T = 16; GLA's vector decay then keeps per-channel blocks of 5
-    cfg, model, tokens = model_and_tokens(f"mixer={row}", "mixer.chunk=5")
-    _, reference, _ = model_and_tokens(f"mixer={row}", "mixer.form=recurrent")  # same seed, same weights
+    cfg, model, tokens = model_and_tokens(f"mixer={row}", "mixer.run.chunk=5")
+    _, reference, _ = model_and_tokens(f"mixer={row}", "mixer.run.form=recurrent")  # same seed, same weights
     t = 7
     changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 5) % cfg.task.vocab)
     a, b, c = jax.jit(lambda m, r, x, y: (m(x), m(y), r(x)))(model, reference, tokens, changed)
@@ -99,8 +99,8 @@ def test_the_forget_bias_sets_glas_first_decays():
     ("mixer.qk_norm=none", "mixer.qk_norm must be l2 with rule=delta"),
     ("mixer.decay=none", "mixer.write_strength=dt needs decay=scalar"),
     ("mixer.decay=gamma", "mixer.decay='gamma' is not one of: none, fixed, scalar, vector"),
-    ("mixer.eval_form=scan", "mixer.eval_form='scan' is not one of: null, auto, chunked, recurrent"),
-    ("mixer.chunk=0", "mixer.chunk=0 must be positive"),
+    ("mixer.run.eval_form=scan", "mixer.run.eval_form='scan' is not one of: null, auto, chunked, recurrent"),
+    ("mixer.run.chunk=0", "mixer.run.chunk=0 must be positive"),
 ])
 def test_bad_configs_get_one_line(tiny_cfg, override, message):
     row = "deltanet" if "qk_norm" in override else "mamba2"
@@ -115,14 +115,14 @@ def test_bad_configs_get_one_line(tiny_cfg, override, message):
     (("mixer=deltanet", "mixer.heads=4"), "recurrent"),  # four of 16
     (("mixer=gated_deltanet", "mixer.key_width=16"), "recurrent"),
     (("mixer=gated_deltanet", "mixer.heads=2"), "chunked"),  # two of 32
-    (("mixer=deltanet", "mixer.heads=4", "mixer.eval_form=null"), "chunked"),  # null: the training form
+    (("mixer=deltanet", "mixer.heads=4", "mixer.run.eval_form=null"), "chunked"),  # null: the training form
     (("mixer=linear", "mixer.heads=4"), "chunked"),  # the add rule's chunked form evaluates faster at every width
     (("mixer=gla",), "recurrent"),  # its YAML's own choice
     (("experiment=capacity_gap", "mixer=gated_deltanet"), "recurrent"),  # the sweep pins four heads
 ])
 def test_eval_form_auto_reads_a_delta_rule_with_narrow_keys_in_the_token_scan(tiny_cfg, overrides, form):
     cfg, _ = tiny_cfg(*overrides, base=["logger=disabled", "model.width=64"])
-    assert cfg.mixer.form == "chunked" and cfg.mixer.for_evaluation().form == form
+    assert cfg.mixer.run.form == "chunked" and cfg.mixer.for_evaluation().run.form == form
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ LOOP_FREE = {"mesa": ("mixer.cg_steps=1",), "ttt_linear": ("mixer.mini_batch=64"
 def loop_free(row: str) -> tuple[str, ...]:
     """The default MQAR job with `row`, without loops: no microbatches, one chunk of T = 64 tokens, and as
     LOOP_FREE says."""
-    chunk = ["mixer.chunk=64"] if row in FAST_WEIGHT else []
+    chunk = ["mixer.run.chunk=64"] if row in FAST_WEIGHT else []
     return (f"mixer={row}", "train.microbatch=null", *chunk, *LOOP_FREE.get(row, ()))
 
 
@@ -112,9 +112,9 @@ def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
 # solve, a LAPACK call that XLA's cost analysis counts as nothing, mesa's chunked CG (its long-sequence form,
 # which auto takes from tmem.mixers.mesa.CHUNKED_FROM tokens, longer than the jobs the counts serve), and Mamba's
 # associative scan, whose count by XLA grows as T log T (its fusions recompute the scan's rounds)
-UNCOUNTED_FORMS = [("mesa", "form=recurrent"), ("mesa", "solver=cholesky"), ("mesa", "form=chunked"),
-                   ("ttt_mlp", "form=recurrent"), ("titans", "form=recurrent"), ("mamba", "form=parallel"),
-                   ("rwkv7", "form=recurrent")]
+UNCOUNTED_FORMS = [("mesa", "run.form=recurrent"), ("mesa", "solver=cholesky"), ("mesa", "run.form=chunked"),
+                   ("ttt_mlp", "run.form=recurrent"), ("titans", "run.form=recurrent"), ("mamba", "run.form=parallel"),
+                   ("rwkv7", "run.form=recurrent")]
 
 
 @pytest.mark.slow  # cheap, but the quick subset has its refusal above
@@ -208,7 +208,7 @@ def test_xla_counts_the_loops_of_the_memories_once(row):
     assert unrolled - once == LOOP_BODIES[row]()
 
 
-# The recurrent form (mixer.form=recurrent) is a scan over the tokens, whose step XLA counts once: GLA's has the add
+# The recurrent form (mixer.run.form=recurrent) is a scan over the tokens, whose step XLA counts once: GLA's has the add
 # rule and a vector decay, Gated DeltaNet's the delta rule, a scalar decay and a write strength. With the step
 # counted once it is under 0.5% of the program, so these check the layer around it: analytic / XLA is gla 0.980,
 # gated_deltanet 0.979, the gap the loop-free steps' (the SiLU after the short convolution fused into each of its
@@ -218,7 +218,7 @@ RECURRENT = ("gla", "gated_deltanet")
 
 def recurrent_job(row: str) -> tuple[str, ...]:
     """The default MQAR job with `row` in its recurrent form, in one microbatch (the scan the only loop)."""
-    return (f"mixer={row}", "mixer.form=recurrent", "train.microbatch=null")
+    return (f"mixer={row}", "mixer.run.form=recurrent", "train.microbatch=null")
 
 
 @pytest.mark.slow

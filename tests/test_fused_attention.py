@@ -14,7 +14,7 @@ from flax import nnx
 
 from conftest import quick_only
 from tmem.memory.softmax import fused_read
-from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
+from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig, SoftmaxRun
 
 B, T, WIDTH = 2, 12, 16
 # every option the fused path accepts, each at least once, and together
@@ -32,7 +32,7 @@ CASES = {
 
 
 def layer(implementation: str, rope: bool = True, **options):
-    cfg = SoftmaxConfig(heads=4, implementation=implementation, **options)
+    cfg = SoftmaxConfig(heads=4, run=SoftmaxRun(implementation), **options)
     cfg = cfg if cfg.train_length is not None else dataclasses.replace(cfg, train_length=T)
     return SoftmaxAttention(cfg, WIDTH, rope=rope, rngs=nnx.Rngs(0))
 
@@ -97,5 +97,5 @@ def test_a_continuation_through_the_fused_layer_matches_the_whole_sequence():
 
 
 def test_an_unknown_implementation_is_one_line():
-    with pytest.raises(ValueError, match="mixer.implementation='flash' is not one of: auto, plain, fused"):
-        SoftmaxConfig(implementation="flash").check(WIDTH)
+    with pytest.raises(ValueError, match="mixer.run.implementation='flash' is not one of: auto, plain, fused"):
+        SoftmaxConfig(run=SoftmaxRun("flash")).check(WIDTH)

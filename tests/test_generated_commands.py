@@ -2,7 +2,7 @@
 
 Hypothesis draws a train.py command line from the typed schemas: a task, a
 row and an MLP (or an option that does not exist), and a few overrides of any
-field of the chosen task, row and fixed groups (a nested one, mixer.optim's,
+field of the chosen task, row and fixed groups (a nested one, mixer.recipe's,
 too), each a value of its type or zero, negative, huge, of another type, an
 unknown choice or null, plus fields that do not exist. Each command goes
 through `tmem.train.rundir.prepare`, the path train.py takes before Hydra
@@ -146,7 +146,7 @@ def drawn(examples: int) -> settings:
 @example(args=command("task.train_examples=3000000000"))
 @example(args=command("mixer.heads=1000000000000"))
 @example(args=command("cluster.timeout=1000000000000"))
-@example(args=command("mixer=mamba2", "mixer.optim.decay_steps=3000000000"))
+@example(args=command("mixer=mamba2", "mixer.recipe.decay_steps=3000000000"))
 def test_a_drawn_command_validates_or_is_refused_in_one_line(scratch, args):
     refused_or_given_back(args, scratch / "run")
 

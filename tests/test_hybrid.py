@@ -148,7 +148,7 @@ def test_a_hybrid_resumes_bit_exact_and_restores_from_its_saved_entries(tiny_cfg
     cfg, resolved = tiny_cfg(*common, "train.resume=true")
     assert run(cfg, tmp_path / "resumed", resolved)["resumed_from"] == 8
     saved = Checkpoints(tmp_path / "resumed" / "checkpoints").config()["model"]["mixers"]
-    assert [entry["name"] for entry in saved] == ["gated_deltanet", "softmax"] and "chunk" in saved[0]  # in full
+    assert [entry["name"] for entry in saved] == ["gated_deltanet", "softmax"] and "chunk" in saved[0]["run"]  # in full
     _, changed = tiny_cfg(*common, "model.mixers=[gated_deltanet,{name:softmax,window:8}]", "train.resume=true")
     with pytest.raises(ConfigError, match=r"changes model\.mixers\.1\.window \(None -> 8\) from the run"):
         check_resume(tmp_path / "resumed", changed)  # a changed entry is named by its field, in one line

@@ -9,7 +9,7 @@ from flax import nnx
 
 from conftest import quick_only
 from tmem.memory import selective
-from tmem.mixers.mamba import Mamba, MambaConfig
+from tmem.mixers.mamba import Mamba, MambaConfig, MambaRun
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -45,7 +45,7 @@ def definition(layer: Mamba, x):
 
 @pytest.mark.parametrize("form", quick_only(list(selective.FORMS), {"scan"}))
 def test_the_layer_equals_its_written_out_definition(form):
-    layer = Mamba(MambaConfig(form=form, d_state=4), 8, rope=False, rngs=nnx.Rngs(0))
+    layer = Mamba(MambaConfig(run=MambaRun(form), d_state=4), 8, rope=False, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 7, 8))
     with jax.default_matmul_precision("highest"):
         y, state = layer(x)
@@ -105,5 +105,5 @@ def test_the_initialisation_is_the_reference():
 
 
 def test_a_bad_form_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="mixer.form='chunked' is not one of: parallel, scan"):
-        MambaConfig(form="chunked").check(64)
+    with pytest.raises(ValueError, match="mixer.run.form='chunked' is not one of: parallel, scan"):
+        MambaConfig(run=MambaRun("chunked")).check(64)

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from conftest import quick_only
-from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
+from tmem.mixers.fast_weight import FastWeight, FastWeightConfig, FastWeightRun
 
 MAMBA2 = dict(decay="scalar", write_strength="dt", q_scale=1.0, skip=True, output_gate=True, heads=4)
 REFERENCE = dict(qk_groups=1, conv_bias=True, output_norm_over="width", gate_before_norm=True, expand=0.5)
@@ -61,8 +61,8 @@ def definition(layer: FastWeight, x):
     return y.reshape(Bn, T, H * V) @ P(layer.out.kernel)
 
 
-def mamba2(form="chunked", **knobs):
-    layer = FastWeight(FastWeightConfig(form=form, **{**MAMBA2, **knobs}), 16, rope=False, rngs=nnx.Rngs(0))
+def mamba2(form="chunked", chunk=64, **knobs):
+    layer = FastWeight(FastWeightConfig(run=FastWeightRun(form, chunk=chunk), **{**MAMBA2, **knobs}), 16, rope=False, rngs=nnx.Rngs(0))
     if "conv_bias" in knobs and knobs["conv_bias"]:  # zero at initialisation: give it values to test
         for i, c in enumerate((layer.conv_q, layer.conv_k, layer.conv_v)):
             c.bias[...] = 0.3 * jax.random.normal(jax.random.key(10 + i), c.bias[...].shape)

@@ -10,7 +10,7 @@ import pytest
 
 from tmem.memory import mesa
 from tmem.memory.stores import rls_init, rls_writes
-from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig
+from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig, MesaRun
 
 B, H, DK, DV = 2, 2, 4, 3
 T = 13  # no chunk size used below divides it
@@ -122,8 +122,8 @@ def test_with_every_gate_open_it_is_recursive_least_squares():
 
 def test_auto_takes_the_chunked_form_from_long_sequences_and_the_exact_solve_never():
     long, short = SimpleNamespace(seq_len=CHUNKED_FROM), SimpleNamespace(seq_len=CHUNKED_FROM - 2)
-    assert MesaConfig().fit(long, 64).form == "chunked"
-    assert MesaConfig().fit(short, 64).form == "parallel"
-    assert MesaConfig(solver="cholesky").fit(long, 64).form == "parallel"  # the factorisation needs every H_t
+    assert MesaConfig().fit(long, 64).run.form == "chunked"
+    assert MesaConfig().fit(short, 64).run.form == "parallel"
+    assert MesaConfig(solver="cholesky").fit(long, 64).run.form == "parallel"  # the factorisation needs every H_t
     with pytest.raises(ValueError, match="mixer.solver=cholesky needs every H_t"):
-        MesaConfig(form="chunked", solver="cholesky").check(64)
+        MesaConfig(run=MesaRun("chunked"), solver="cholesky").check(64)

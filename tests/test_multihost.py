@@ -174,7 +174,7 @@ def test_a_process_other_than_rank_0_claims_nothing_and_needs_the_run_directory(
 def test_a_run_saved_before_the_cluster_and_implementation_fields_resumes(tmp_path):
     resolved = OmegaConf.to_container(compose_config(TINY), resolve=True)
     old = {k: v for k, v in resolved.items() if k != "cluster"}
-    old["mixer"] = {k: v for k, v in resolved["mixer"].items() if k != "implementation"}
+    old["mixer"] = {**resolved["mixer"], "run": {}}  # no implementation
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.create(old), tmp_path / ".hydra" / "config.yaml")
     rundir.check_resume(tmp_path, resolved)  # neither is the run itself

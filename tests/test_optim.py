@@ -37,7 +37,7 @@ def test_the_decay_ends_at_decay_steps_else_at_the_runs_last_step(tiny_cfg, deca
 
 
 def test_a_rows_recommended_weight_decay_reaches_the_optimizer_on_matrices_only(tiny_cfg):
-    """Mamba-2 recommends AdamW's weight decay 0.3 (mixer.optim): with a zero gradient Adam's step is 0, so a
+    """Mamba-2 recommends AdamW's weight decay 0.3 (mixer.recipe): with a zero gradient Adam's step is 0, so a
     matrix's update is minus rate x 0.3 x the matrix, and a vector (a norm's scale, a bias, A_log) does not decay."""
     cfg, _ = tiny_cfg("mixer=mamba2", "optim.warmup_steps=0")
     built = build(cfg)

@@ -21,8 +21,10 @@ def fake_run(root, name, mixer, width, kv, lr, accuracy, seq_len=64, seed=0):
     given = [f"mixer={mixer}", f"model.width={width}", f"task.num_kv_pairs={kv}", f"train.seed={seed}",
              *([] if lr is None else [f"optim.lr={lr}"])]
     OmegaConf.save(OmegaConf.create(given), run / ".hydra" / "overrides.yaml")
+    trained_at = {"lr": lr if lr is not None else cfg.mixer.recipe.lr}  # as a run's summary has it: the row's rate
     (run / "summary.json").write_text(json.dumps({"eval/accuracy": accuracy, "eval/loss": 1.0 - accuracy,
-                                                  "status": "completed", "steps": 10, "state_size": width**2}))
+                                                  "status": "completed", "steps": 10, "state_size": width**2,
+                                                  "recipe": trained_at}))
     return run
 
 

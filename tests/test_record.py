@@ -40,8 +40,8 @@ def test_the_record_holds_what_a_regression_cell_resolved_to_not_its_knobs():
     assert record["resolved"]["layer"] == "tmem.mixers.titans.Titans"
     assert record["resolved"]["mixer"]["mini_batch"] == 1  # SGD: a gradient step per token
     assert record["resolved"]["model"]["positions"] == cfg.model.positions != "auto"
-    assert record["recipe"]["lr"] == composed.mixer.lr and record["recipe"]["decay_end"] == 20
-    assert record["recipe"]["microbatch"] == cfg.mixer.microbatch  # train.microbatch=auto takes the row's
+    assert record["recipe"]["lr"] == composed.mixer.recipe.lr and record["recipe"]["decay_end"] == 20
+    assert record["recipe"]["microbatch"] == cfg.mixer.recipe.microbatch  # train.microbatch=auto takes the row's
     assert json.loads(json.dumps(record)) == record == yaml.safe_load(yaml.safe_dump(record))  # plain values only
 
 

@@ -55,13 +55,13 @@ def test_the_rows_that_name_a_cell_are_the_grids_named_rows_one_a_cell():
 def test_a_named_cell_resolves_to_its_rows_config(row):
     named = mixer_of(f"mixer={row}")
     cell = mixer_of("mixer=regression", f"mixer.heads={named.heads}", *NAMED[row])
-    # every knob of the row's YAML; the slice of the batch is the grid's (mixer.microbatch), the same update, and
-    # so is the schedule: the row's recommended one (mixer.optim) is not the grid's, whose cells train alike
-    assert cell.optim == type(cell.optim)()
-    assert dataclasses.replace(cell, name=row, microbatch=named.microbatch, optim=named.optim) == named
+    # every knob of the row's YAML, and its run; the recipe is the grid's (mixer.recipe), not the row's: the cells
+    # of a sweep train alike
+    assert cell.recipe == type(cell.recipe)()
+    assert dataclasses.replace(cell, name=row, recipe=named.recipe) == named
     # the grid's heads, not the row's, unless told: its cells differ in their knobs alone
     assert mixer_of("mixer=regression", *NAMED[row]).heads == 4
-    assert mixer_of("mixer=regression", "mixer.microbatch=8", *NAMED[row]).microbatch == 8
+    assert mixer_of("mixer=regression", "mixer.recipe.microbatch=8", *NAMED[row]).recipe.microbatch == 8
 
 
 @pytest.mark.parametrize("row", sorted(QUICK))
@@ -105,14 +105,14 @@ def test_an_unnamed_cell_resolves_to_its_family_and_its_gradients_flow(cell):
 
 def test_the_grids_delta_cells_evaluate_as_their_keys_width_decides():
     """At width 64 the grid's four heads have keys of 16, where the delta rule evaluates in the token scan; one
-    head of 64, as the named rows, evaluates chunked (FastWeightConfig's eval_form=auto)."""
+    head of 64, as the named rows, evaluates chunked (FastWeightRun's eval_form=auto)."""
     for weights in ("uniform", "gate"):
         cell = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "model.width=64")
-        assert (cell.heads, cell.form, cell.for_evaluation().form) == (4, "chunked", "recurrent")
+        assert (cell.heads, cell.run.form, cell.for_evaluation().run.form) == (4, "chunked", "recurrent")
         one_head = mixer_of("mixer=regression", "mixer.optimizer=sgd", f"mixer.weights={weights}", "mixer.heads=1",
                             "model.width=64")
-        assert one_head.for_evaluation().form == "chunked"
-    assert mixer_of("mixer=regression", "model.width=64").for_evaluation().form == "chunked"  # linear attention's
+        assert one_head.for_evaluation().run.form == "chunked"
+    assert mixer_of("mixer=regression", "model.width=64").for_evaluation().run.form == "chunked"  # linear attention's
 
 
 def test_the_memorys_knobs_follow_the_cell():
@@ -190,7 +190,7 @@ def test_the_uniform_exact_cell_weighs_every_pair_alike(strength):
     """The ridge regression of the prefix with unit weights: no learned write strength, no `write` parameters.
     Told to learn one, the same cell weighs each pair by it, and the same check fails."""
     cfg = mixer_of("mixer=regression", "mixer.optimizer=exact", f"mixer.write_strength={strength}")
-    cfg = dataclasses.replace(cfg, short_conv=0, solver="cholesky", form="parallel")  # q, k read off the maps
+    cfg = dataclasses.replace(cfg.with_run(form="parallel"), short_conv=0, solver="cholesky")  # q, k read off the maps
     layer = layer_of(cfg)(cfg, WIDTH, rope=False, rngs=nnx.Rngs(0))
     assert cfg.forget == "none"
     assert (cfg.write_strength, hasattr(layer, "write")) == (("one", False) if strength == "auto"

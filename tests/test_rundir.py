@@ -83,7 +83,10 @@ BAD = [
     (["model.positions=sideways"], "model.positions='sideways' is not one of"),
     (["model.norm=batch"], "model.norm='batch' is not one of"),
     (["mixer=linear", "mixer.decay=sometimes"], "mixer.decay='sometimes' is not one of"),
-    (["mixer=linear", "mixer.chunk=0"], "mixer.chunk=0"),
+    (["mixer=linear", "mixer.run.chunk=0"], "mixer.run.chunk=0"),
+    # a field's name from before the row's recipe and run were parts of their own, a sweep's too
+    (["mixer=linear", "mixer.chunk=0"], "mixer.chunk is now mixer.run.chunk: a row's recipe"),
+    (["-m", "mixer.lr=1e-3,3e-3"], "mixer.lr is now mixer.recipe.lr"),
     (["mlp=nope"], "mlp=nope: no such option; allowed:"),
     (["mixer=nope"], "mixer=nope: no such option; allowed:"),
     (["task=nope"], "task=nope: no such option; allowed:"),
@@ -244,22 +247,25 @@ def changed(resolved: dict, group: str, **fields) -> dict:
     return {**resolved, group: {**resolved[group], **fields}}
 
 
-def test_a_run_saved_before_eval_form_auto_resumes_with_it(tmp_path):
-    """The evaluation's form computes the same function, so a delta row's run saved with eval_form null resumes
-    under the new default; its mixer's other fields still may not change."""
+def test_a_resume_may_change_how_the_row_runs_but_not_the_memory(tmp_path):
+    """The run part computes the same function in every form and chunk, so a delta row's run saved with
+    eval_form null (before eval_form=auto) resumes under the new default and in another chunk; the memory's
+    knobs still may not change."""
     resolved = resolved_of("mixer=deltanet")
-    assert resolved["mixer"]["eval_form"] == "auto"
-    record(tmp_path, changed(resolved, "mixer", eval_form=None))
+    assert resolved["mixer"]["run"]["eval_form"] == "auto"
+    record(tmp_path, changed(resolved, "mixer", run={**resolved["mixer"]["run"], "eval_form": None}))
     rundir.check_resume(tmp_path, resolved)
-    with pytest.raises(ConfigError, match="mixer.chunk"):
-        rundir.check_resume(tmp_path, changed(resolved, "mixer", chunk=16))
+    rundir.check_resume(tmp_path, changed(resolved, "mixer", run={**resolved["mixer"]["run"], "chunk": 16}))
+    with pytest.raises(ConfigError, match="mixer.heads"):
+        rundir.check_resume(tmp_path, changed(resolved, "mixer", heads=2))
 
 
 def test_the_mixer_fields_a_resume_may_change_are_those_its_row_marks(tmp_path):
-    """Softmax's read implementation is marked resumable (tmem.mixers.base.resumable), its window is not."""
+    """Softmax's read implementation, in its run part, is resumable (tmem.mixers.base.run_field), its window is
+    not."""
     resolved = resolved_of("mixer=softmax")
     record(tmp_path, resolved)
-    rundir.check_resume(tmp_path, changed(resolved, "mixer", implementation="plain"))
+    rundir.check_resume(tmp_path, changed(resolved, "mixer", run={"implementation": "plain"}))
     with pytest.raises(ConfigError, match="changes mixer.window"):
         rundir.check_resume(tmp_path, changed(resolved, "mixer", window=4))
 
@@ -307,12 +313,12 @@ def test_a_budget_raised_under_a_schedule_that_does_not_follow_it_resumes(tmp_pa
 
 
 def test_a_run_saved_with_a_microbatch_number_resumes_with_auto(tmp_path):
-    """Runs saved before train.microbatch=auto hold a number and no mixer.microbatch; the slice is no part of the
-    run (the same update), so a resume may change it either way."""
+    """Runs saved before train.microbatch=auto hold a number and no mixer.recipe.microbatch; the slice is no part
+    of the run (the same update), so a resume may change it either way."""
     resolved = resolved_of()
     assert resolved["train"]["microbatch"] == "auto"
-    record(tmp_path, {**changed(resolved, "train", microbatch=32),
-                      "mixer": {k: v for k, v in resolved["mixer"].items() if k != "microbatch"}})
+    recipe = {k: v for k, v in resolved["mixer"]["recipe"].items() if k != "microbatch"}
+    record(tmp_path, {**changed(resolved, "train", microbatch=32), "mixer": {**resolved["mixer"], "recipe": recipe}})
     rundir.check_resume(tmp_path, resolved)
     rundir.check_resume(tmp_path, changed(resolved, "train", microbatch=8))
     with pytest.raises(ConfigError, match="train.batch_size"):

@@ -10,7 +10,7 @@ from flax import nnx
 
 from conftest import quick_only
 from tmem.memory import rwkv7
-from tmem.mixers.rwkv7 import RWKV7, SHIFTED, RWKV7Config
+from tmem.mixers.rwkv7 import RWKV7, SHIFTED, RWKV7Config, RWKV7Run
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -117,7 +117,7 @@ def definition(layer: RWKV7, x):
 
 @pytest.mark.parametrize("form", quick_only(list(rwkv7.FORMS), {"recurrent"}))
 def test_the_layer_equals_its_written_out_definition(form):
-    layer = RWKV7(RWKV7Config(form=form, chunk=4, rank=3), 8, rope=False, rngs=nnx.Rngs(0))
+    layer = RWKV7(RWKV7Config(run=RWKV7Run(form, chunk=4), rank=3), 8, rope=False, rngs=nnx.Rngs(0))
     for i, name in enumerate(("w_up", "a_up", "rho", "a0")):  # zero at initialisation: give them values to test
         param = getattr(layer, name)
         param = param.kernel if hasattr(param, "kernel") else param

@@ -21,7 +21,7 @@ from tmem.backbone import Block
 from tmem.config import ConfigError
 from tmem.memory.softmax import logn_scale, softmax_read
 from tmem.mixers.attention import SoftmaxAttention, SoftmaxConfig
-from tmem.mixers.fast_weight import FastWeight, FastWeightConfig
+from tmem.mixers.fast_weight import FastWeight, FastWeightConfig, FastWeightRun
 from tmem.model import build_model, count_params
 from tmem.mlps import DenseConfig
 
@@ -228,7 +228,8 @@ def test_two_windowed_layers_see_the_last_2_window_minus_1_tokens(tiny_cfg):
 
 def test_fast_weight_rows_accept_rms_qk_norm():
     """Linear attention with RMS-normed q and k: o_t = sum_{s <= t} (q_t . k_s) v_s / sqrt(d), written out."""
-    cfg = FastWeightConfig(heads=2, qk_norm="rms", short_conv=0, output_norm=False, form="recurrent")
+    cfg = FastWeightConfig(heads=2, qk_norm="rms", short_conv=0, output_norm=False,
+                           run=FastWeightRun("recurrent"))
     cfg.check(D)
     m = FastWeight(cfg, D, rope=False, rngs=nnx.Rngs(params=0))
     m.q_norm.scale[...] = jnp.linspace(0.5, 2.0, D // 2)

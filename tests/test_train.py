@@ -159,14 +159,14 @@ def test_chunked_eval_equals_one_pass(tiny_cfg):
 
 
 def test_a_row_evaluates_in_its_eval_form_with_the_same_parameters(tiny_cfg):
-    """GLA's held-out evaluation reads in the token scan (mixer.eval_form): the trained parameters
+    """GLA's held-out evaluation reads in the token scan (mixer.run.eval_form): the trained parameters
     through another form of the same function, so the metrics agree with the training form's to float rounding."""
     from tmem.mixers.fast_weight import FastWeight
     from tmem.train.build import build, evaluation_graphdef
 
     def forms(graphdef):
         model = nnx.merge(graphdef, state.params, state.rest)
-        return {m.cfg.form for _, m in nnx.iter_graph(model) if isinstance(m, FastWeight)}
+        return {m.cfg.run.form for _, m in nnx.iter_graph(model) if isinstance(m, FastWeight)}
 
     cfg, _ = tiny_cfg("mixer=gla", "model.depth=1")
     graphdef, state, _, _ = build(cfg)
@@ -203,7 +203,7 @@ def test_the_heldout_probe_reads_a_row_in_its_eval_form_on_a_longer_task(tiny_cf
     longer = dataclasses.replace(cfg.task, seq_len=24)
     got = probe.heldout_metrics(model, longer)
     scanned = nnx.merge(read[0], *nnx.split(model, nnx.Param, ...)[1:])
-    assert {m.cfg.form for _, m in nnx.iter_graph(scanned) if isinstance(m, FastWeight)} == {"recurrent"}
+    assert {m.cfg.run.form for _, m in nnx.iter_graph(scanned) if isinstance(m, FastWeight)} == {"recurrent"}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     want = make_eval(graphdef, longer)(params, rest, heldout(longer))
     assert set(got) == set(want)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from tmem.config import CONFIG_DIR, GROUPS, ConfigError
+from tmem.mixers.migrate import renamed
 
 
 def overrides_of(args: list[str]) -> list[tuple[str, list]]:
@@ -78,14 +79,32 @@ def compose_command(args: list[str], config_name: str = "train", config_dir: Pat
         if not sweeps:
             lines = [o.input_line for o in OverridesParser.create().parse_overrides(lines) if not o.is_sweep_override()]
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=config_name):
-            return compose(config_name, overrides=lines, return_hydra_config=True)
+            composed = compose(config_name, overrides=lines, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:  # Hydra's message in one line, its object dumps left out
+        old = _old_name(args, {})
+        if old:
+            raise ConfigError(old) from None
         kept = [line.strip() for line in str(e).splitlines()
                 if line.strip() and not line.lstrip().startswith(("full_key", "object_type", "reference_type", "See "))]
         unparsed = [line for line in lines if not _parses(line)]
         where = f"{unparsed[0]}: " if unparsed else ""
         raise ConfigError(f"{where}{' '.join(kept)} (see the override grammar: key=value, +key=value to add a "
                           "field)") from None
+    old = _old_name(args, composed.get("mixer") or {})
+    if old:
+        raise ConfigError(old)
+    return composed
+
+
+def _old_name(args: list[str], mixer) -> str | None:
+    """One line for an override of a mixer field under its name from before the row's recipe and run were parts
+    of their own (`mixer.lr`, `mixer.form`), sweeps included, which the composed mixer group has no field of."""
+    for key, _ in overrides_of(args):
+        if key.startswith("mixer."):
+            problem = renamed(key.removeprefix("mixer."), "mixer", mixer)
+            if problem:
+                return problem
+    return None
 
 
 def _parses(line: str) -> bool:

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tasks import TASKS
 from tasks.examples import MAX_POSITION
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
+from tmem.mixers.migrate import migrate, migrate_config, renamed
 from tmem.mlps import CONFIGS as MLP_CONFIGS
 from tmem.schema import ClusterConfig, Config, LoggerConfig, ModelConfig, OptimConfig, TrainConfig
 from tmem.structured import structured
@@ -118,35 +119,36 @@ def _mixer_type(node: Any) -> type[MixerConfig]:
 
 
 def row_node(name: str) -> dict:
-    """configs/mixer/<name>.yaml as Hydra composes it (its base from the ConfigStore), every field written out."""
+    """configs/mixer/<name>.yaml as Hydra composes it (its base from the ConfigStore), every field written out, in
+    today's field names (a YAML of a researcher's own may hold the names from before the recipe and run were
+    parts of their own)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():  # inside train.py's Hydra app, or a caller's compose context
-        return OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True)
+        return migrate(OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True)
+        return migrate(OmegaConf.to_container(compose(f"mixer/{name}").mixer, resolve=True))
 
 
 def hybrid_entries(cfg: DictConfig) -> list[dict]:
     """model.mixers written out in full (none for a plain stack): each entry its row's YAML, then what the
     command line or an experiment changed in the mixer group when the group names the same row, then the
     entry's own knobs. So `mixer.heads=2` (the mixer group is softmax unless chosen) reaches the softmax layers
-    of a hybrid, and a change the hybrid has no layer of that row for is refused."""
+    of a hybrid, and a change the hybrid has no layer of that row for is refused. An entry may name a row from
+    outside tmem by import path (`{_row_: pkg.module.ROW}`), whose node is its config's defaults."""
     entries = cfg.model.get("mixers") or []
     if not entries:
         return []
     if not isinstance(entries, ListConfig):
         raise ConfigError(f"model.mixers={entries!r} must be a list of rows: [gated_deltanet,softmax]")
-    group = OmegaConf.to_container(cfg.mixer, resolve=True) if isinstance(cfg.get("mixer"), DictConfig) else {}
+    group = migrate(OmegaConf.to_container(cfg.mixer, resolve=True)) if isinstance(cfg.get("mixer"), DictConfig) else {}
     own = row_node(group["name"]) if group.get("name") in CONFIGS else group
     changes = {k: v for k, v in group.items() if own.get(k) != v}
     full = []
     for i, entry in enumerate(entries):
         knobs = OmegaConf.to_container(entry, resolve=True) if isinstance(entry, DictConfig) else {"name": entry}
-        if knobs.get("name") not in CONFIGS:
-            raise ConfigError(f"model.mixers[{i}].name={knobs.get('name')!r} is not one of: {', '.join(CONFIGS)}")
-        row = row_node(knobs["name"])
+        row = _entry_row(f"model.mixers[{i}]", knobs)
         full.append(OmegaConf.to_container(OmegaConf.merge(row, changes if row["name"] == group["name"] else {},
                                                            knobs)))
     if changes and group["name"] not in [entry["name"] for entry in full]:
@@ -154,6 +156,26 @@ def hybrid_entries(cfg: DictConfig) -> list[dict]:
         raise ConfigError(f"mixer.{field}={value!r} changes {group['name']}, which model.mixers has no layer of: "
                           f"give it in an entry, e.g. 'model.mixers=[{{name:{full[0]['name']},{field}:...}},...]'")
     return full
+
+
+def _entry_row(where: str, knobs: dict) -> dict:
+    """The node a hybrid entry's knobs go over: its built-in row's YAML, or the defaults of the outside row its
+    `_row_` imports; ConfigError for a name that is neither, or a knob under its name from before the split."""
+    if knobs.get(ROW_KEY) is not None:
+        schema = _mixer_type(OmegaConf.create(knobs))
+        row = {**plain(schema()), ROW_KEY: knobs[ROW_KEY]}
+    elif knobs.get("name") in CONFIGS:
+        row = row_node(knobs["name"])
+    else:
+        raise ConfigError(f"{where}.name={knobs.get('name')!r} is not one of: {', '.join(CONFIGS)} (or name a row "
+                          f"from outside tmem by import path in {where}.{ROW_KEY})")
+    fields = [f"{k}.{inner}" if isinstance(v, dict) else k for k, v in knobs.items()
+              for inner in (v if isinstance(v, dict) else [None])]
+    for field in fields:
+        problem = renamed(field, where, row)
+        if problem:
+            raise ConfigError(problem)
+    return row
 
 
 def saved_form(cfg: DictConfig) -> dict:
@@ -167,7 +189,10 @@ def saved_form(cfg: DictConfig) -> dict:
 
 
 def _fitted(section: str, node: Any, task, width: int) -> MixerConfig:
-    """A mixer's node parsed into its row's config and fitted to the task and width; its errors name `section`."""
+    """A mixer's node (migrated: a YAML of a researcher's own may hold names from before the split) parsed into
+    its row's config and fitted to the task and width; its errors name `section`."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.create(migrate(OmegaConf.to_container(node, resolve=True)))
     mixer = parse_group(section, _mixer_type(node), node, drop=(ROW_KEY,))
     try:
         mixer = mixer.fit(task, width)
@@ -199,9 +224,10 @@ def validate(cfg: DictConfig) -> Config:
     fixed["optim"] = _recommended(fixed["optim"], mixer)
     if fixed["train"].microbatch == "auto":
         try:
-            fixed["train"] = dataclasses.replace(fixed["train"], microbatch=mixer.microbatch)
+            fixed["train"] = dataclasses.replace(fixed["train"], microbatch=mixer.recipe.microbatch)
         except ValueError as e:
-            raise ConfigError(f"{e} (train.microbatch=auto takes mixer.microbatch; set train.microbatch)") from None
+            raise ConfigError(f"{e} (train.microbatch=auto takes mixer.recipe.microbatch; set train.microbatch)"
+                              ) from None
     cluster = parse_group("cluster", ClusterConfig, cfg.cluster) if "cluster" in cfg else ClusterConfig()
     config = Config(task=task, mixer=mixer, mlp=mlp, name=cfg.get("name"), cluster=cluster, **fixed)
     _check_together(config)
@@ -212,22 +238,23 @@ def lead(layers: tuple[MixerConfig, ...]) -> MixerConfig:
     """The entry of a hybrid whose recommended recipe (rate, schedule, microbatch) trains the whole stack: the
     one with the smallest rate, the first of equals. One model takes one rate, and a rate too high for one of
     its layers can diverge the whole stack, where one too low for another only slows it."""
-    return min(layers, key=lambda layer: float("inf") if layer.lr is None else layer.lr)
+    return min(layers, key=lambda layer: float("inf") if layer.recipe.lr is None else layer.recipe.lr)
 
 
 def _recommended(optim: OptimConfig, mixer: MixerConfig) -> OptimConfig:
-    """The optim group with what it leaves null taken from the mixer's recommendations (mixer.lr, mixer.optim)."""
-    if optim.lr is None and mixer.lr is None:
-        raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate; set optim.lr")
-    weight_decay = optim.weight_decay if optim.weight_decay is not None else mixer.optim.weight_decay
+    """The optim group with what it leaves null taken from the mixer's recipe (mixer.recipe.*)."""
+    recipe = mixer.recipe
+    if optim.lr is None and recipe.lr is None:
+        raise ConfigError(f"optim.lr is null and mixer {mixer.name!r} recommends no rate (mixer.recipe.lr); set "
+                          "optim.lr")
+    weight_decay = optim.weight_decay if optim.weight_decay is not None else recipe.weight_decay
     try:
-        return dataclasses.replace(optim, lr=optim.lr or mixer.lr, weight_decay=weight_decay or 0.0,
-                                   decay_steps=optim.decay_steps or mixer.optim.decay_steps)
+        return dataclasses.replace(optim, lr=optim.lr or recipe.lr, weight_decay=weight_decay or 0.0,
+                                   decay_steps=optim.decay_steps or recipe.decay_steps)
     except ValueError as e:
-        recipe = ", ".join(f"mixer.{k}={v}" for k, v in (*((f"optim.{k}", v) for k, v in
-                                                            dataclasses.asdict(mixer.optim).items()), ("lr", mixer.lr))
-                           if v is not None)
-        raise ConfigError(f"{e}; mixer={mixer.name} recommends {recipe}: set optim.* to train otherwise") from None
+        given = ", ".join(f"mixer.recipe.{k}={getattr(recipe, k)}" for k in ("decay_steps", "weight_decay", "lr")
+                          if getattr(recipe, k) is not None)
+        raise ConfigError(f"{e}; mixer={mixer.name} recommends {given}: set optim.* to train otherwise") from None
 
 
 def _check_together(cfg: Config) -> None:

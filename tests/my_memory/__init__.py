@@ -13,18 +13,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from tmem.memory.linear_state import recurrent
 from tmem.mixers import Row
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import (Mixer, MixerConfig, MixerState, Recipe, Run, at_positions, check_knobs, mask_heads,
+                              recommended, run_field)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecayedRun(Run):
+    """How it computes (mixer.run.*): the same function either way, so a resume may change it."""
+
+    form: str = "parallel"  # parallel (masked matmuls) | recurrent (the definition, tmem's token scan)
 
 
 @dataclasses.dataclass(frozen=True)
 class DecayedConfig(MixerConfig):
     name: str = "decayed"
-    heads: int = 2
+    recipe: Recipe = recommended(lr=1e-2, microbatch=16)  # how it trains best (mixer.recipe.*)
+    run: DecayedRun = run_field(DecayedRun)
+    heads: int = 2  # the memory's knobs (mixer.*)
     decay: float = 0.9  # a: how much of the memory each token keeps
 
     def check(self, width: int) -> None:
-        check_knobs(self, width=width)
+        check_knobs(self, choices={"run.form": ("parallel", "recurrent")}, width=width)
         if not 0 < self.decay <= 1:
             raise ValueError(f"mixer.decay={self.decay} must be in (0, 1]")
 
@@ -67,9 +78,13 @@ class Decayed(Mixer):
         B, T, D = x_btd.shape
         q, k, v = jnp.split(self.qkv(x_btd).reshape(B, T, 3 * self.heads, D // self.heads), 3, axis=2)
         self.sow(nnx.Intermediate, "keys", k, capture_noop=True)
-        positions = jnp.arange(T) if read_at is None else read_at
-        y, S = decayed_read(at_positions(q, read_at), k, v, positions, self.cfg.decay,
-                            None if state is None else state.memory)
+        S0 = None if state is None else state.memory
+        if self.cfg.run.form == "recurrent":
+            y, S = recurrent(q, k, v, log_a=jnp.full((1, T, self.heads, 1), jnp.log(self.cfg.decay)), state=S0)
+            y = at_positions(y, read_at)
+        else:
+            positions = jnp.arange(T) if read_at is None else read_at
+            y, S = decayed_read(at_positions(q, read_at), k, v, positions, self.cfg.decay, S0)
         y = mask_heads(y, head_mask).reshape(B, -1, D)
         return self.out(y), DecayedState(S, length=T + (0 if state is None else state.length))
 

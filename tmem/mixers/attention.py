@@ -22,11 +22,20 @@ from tmem.memory import softmax_read
 from tmem.memory.softmax import fused_read, logn_scale, ssmax_scale, visible_keys
 from tmem.mixers import flops as count
 from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions,
-                              check_temperature, mask_heads, resumable)
+                              Run, check_temperature, knob, mask_heads, run_field)
 
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
 IMPLEMENTATIONS = ("auto", "plain", "fused")
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxRun(Run):
+    # how the read is computed: plain (einsums, the weights formed and sown), fused (jax.nn.dot_product_attention:
+    # cuDNN's flash attention on a GPU), auto (fused on an accelerator, plain on a CPU, where the fused one is no
+    # faster). The read is the same either way; fused applies only where nothing needs the weights (no probe
+    # capturing them, no sinks) and to whole sequences (no cache, every position read)
+    implementation: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +57,7 @@ class SoftmaxConfig(MixerConfig):
     gate_activation: str = "sigmoid"  # sigmoid | silu
     bias: bool = False
     rope_base: float = 10_000.0
-    # how the read is computed: plain (einsums, the weights formed and sown), fused (jax.nn.dot_product_attention:
-    # cuDNN's flash attention on a GPU), auto (fused on an accelerator, plain on a CPU, where the fused one is no
-    # faster). The read is the same either way; fused applies only where nothing needs the weights (no probe
-    # capturing them, no sinks) and to whole sequences (no cache, every position read)
-    implementation: str = resumable("auto")
+    run: SoftmaxRun = run_field(SoftmaxRun)
 
     applies_rope: ClassVar[bool] = True
     takes_qk_positions: ClassVar[bool] = True
@@ -60,8 +65,8 @@ class SoftmaxConfig(MixerConfig):
 
     def check(self, width: int) -> None:
         for field, allowed in (("qk_norm", QK_NORMS), ("length_scale", LENGTH_SCALES),
-                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("implementation", IMPLEMENTATIONS)):
-            value = getattr(self, field)
+                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("run.implementation", IMPLEMENTATIONS)):
+            value = knob(self, field)
             if value not in allowed:
                 was = " (it was a bool: true is rms, false none)" if value in ("True", "False", True, False) else ""
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}{was}")
@@ -263,7 +268,7 @@ class SoftmaxAttention(Mixer):
         return self.out(o_bthd.reshape(B, -1, D)), KVCache(k, v, length=offset + T)
 
     def _fused(self, state, read_at) -> bool:
-        """Whether this call reads through jax.nn.dot_product_attention (SoftmaxConfig.implementation).
+        """Whether this call reads through jax.nn.dot_product_attention (SoftmaxRun.implementation).
 
         Not while `nnx.capture` collects intermediates (a probe reading the
         weights: flax keeps the capture on the module as `__captures__`), not
@@ -271,7 +276,7 @@ class SoftmaxAttention(Mixer):
         continuation or a read at chosen positions, whose masks are not causal
         from position 0.
         """
-        choice = self.cfg.implementation
+        choice = self.cfg.run.implementation
         if choice == "plain" or (choice == "auto" and jax.default_backend() == "cpu"):
             return False
         return not (hasattr(self, "__captures__") or self.cfg.sinks or state is not None or read_at is not None)

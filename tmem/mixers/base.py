@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections import Counter
 from typing import ClassVar
 
@@ -38,23 +39,13 @@ def resumable(default):
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """The optimizer settings a row trains best at beyond its rate (`MixerConfig.lr`), used where the optim group
-    leaves them null; null here: the optim group's own default."""
+    """How a row trains best, apart from what it is (`mixer.recipe.*`): used where the optim and train groups leave
+    a setting null or auto, so sweeping a memory's knobs never changes how it is trained. Null: the group's own
+    default."""
 
+    lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
     decay_steps: int | None = None  # the step the rate's decay ends at (null: train.steps)
     weight_decay: float | None = None  # AdamW's (null: 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class MixerConfig(abc.ABC):
-    """The fields and capabilities every row's config has; each row extends it with its knobs.
-
-    Abstract: a row's config that does not say how large its state is cannot be made.
-    """
-
-    name: str = ""
-    lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
-    optim: Recipe = dataclasses.field(default_factory=Recipe)  # and the rest of its schedule, where optim.* is null
     # the examples each device of this row's train step differentiates at once fastest on the default job, on
     # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
     # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a
@@ -62,12 +53,58 @@ class MixerConfig(abc.ABC):
     # train.microbatch=auto hold a number where a new command has auto
     microbatch: int | None = resumable(32)
 
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """How a row's layer computes its function (`mixer.run.*`: its form, its chunk), apart from the function: a
+    row with several forms extends it, and every form is tested against the definition, so a resume may change
+    any of it (the field is `resumable`). This base has no fields: a row with one form."""
+
+
+def recommended(**values) -> dataclasses.Field:
+    """A row's `recipe` field with its own recommendations (`recipe: Recipe = recommended(lr=3e-3)`)."""
+    return dataclasses.field(default_factory=lambda: Recipe(**values))
+
+
+def run_field(kind: type[Run]) -> dataclasses.Field:
+    """A row's `run` field of its own kind (`run: FastWeightRun = run_field(FastWeightRun)`), marked resumable."""
+    return dataclasses.field(default_factory=kind, metadata={"resumable": True})
+
+
+def resumable_fields(schema: type) -> tuple[str, ...]:
+    """The dotted names of the fields a resume may change in a config of type `schema` (and in its recipe); a
+    name ending in "." is a whole part (`run.`)."""
+    names = []
+    for f in dataclasses.fields(schema):
+        if f.metadata.get("resumable"):
+            names.append(f.name + ("." if f.default_factory is not dataclasses.MISSING else ""))
+        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(part := f.default_factory()):
+            names += [f"{f.name}.{name}" for name in resumable_fields(type(part))]
+    return tuple(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerConfig(abc.ABC):
+    """The fields and capabilities every row's config has; each row extends it with its knobs, and its recipe
+    and run with its own defaults.
+
+    Abstract: a row's config that does not say how large its state is cannot be made.
+    """
+
+    name: str = ""
+    recipe: Recipe = dataclasses.field(default_factory=Recipe)  # how it trains best (mixer.recipe.*)
+    run: Run = run_field(Run)  # how it computes (mixer.run.*)
+
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs
     mixes: ClassVar[bool] = True  # False: the layer reads no other token and adds nothing (no norm, no add counted)
     # its layer sows `attention`, each head's causal softmax weights over the tokens [B, H, T, T], the patterns the
     # induction probe scores
     attention_patterns: ClassVar[bool] = False
+
+    def with_run(self, **changes) -> MixerConfig:
+        """This config computed another way: its run part with `changes` (a form, a chunk)."""
+        return dataclasses.replace(self, run=dataclasses.replace(self.run, **changes))
 
     def check(self, width: int) -> None:
         """Raise ValueError, in one line naming the field, for a knob that does not fit a model of this width."""
@@ -161,17 +198,23 @@ def check_knobs(config: MixerConfig, *, choices: dict[str, tuple] | None = None,
                 width: int | None = None) -> None:
     """The checks every row's config makes, each a one-line ValueError naming the field: a knob that is not one
     of its choices, a count that is not positive (None is allowed: a count left to a default), heads that do
-    not divide the width, and a short convolution's kernel."""
+    not divide the width, and a short convolution's kernel. A field of the row's run or recipe by its dotted
+    name (`run.chunk`)."""
     for field, allowed in (choices or {}).items():
-        if getattr(config, field) not in allowed:
-            raise ValueError(f"mixer.{field}={getattr(config, field)!r} is not one of: {', '.join(allowed)}")
+        if knob(config, field) not in allowed:
+            raise ValueError(f"mixer.{field}={knob(config, field)!r} is not one of: {', '.join(allowed)}")
     for field in positive:
-        if getattr(config, field) is not None and getattr(config, field) < 1:
-            raise ValueError(f"mixer.{field}={getattr(config, field)} must be positive")
+        if knob(config, field) is not None and knob(config, field) < 1:
+            raise ValueError(f"mixer.{field}={knob(config, field)} must be positive")
     if width is not None and (config.heads < 1 or width % config.heads):
         raise ValueError(f"mixer.heads={config.heads} must divide model.width={width}")
     if getattr(config, "short_conv", 0) < 0:
         raise ValueError(f"mixer.short_conv={config.short_conv} must be 0 (none) or a kernel size")
+
+
+def knob(config: MixerConfig, field: str):
+    """A config's field by its dotted name (`run.chunk`), as `mixer.<field>` names it on the command line."""
+    return functools.reduce(getattr, field.split("."), config)
 
 
 def check_temperature(temperature: float | None, learned: bool = False) -> None:

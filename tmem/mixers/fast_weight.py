@@ -38,8 +38,8 @@ from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width, random_features
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions, mask_heads,
-                              resumable)
+from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, Recipe, Run, at_positions,
+                              knob, mask_heads, recommended, run_field)
 
 RULES = ("add", "delta")
 # the regression grid's weights gamma as the decay of a write one token at a time (a linear memory from zero, one
@@ -63,13 +63,27 @@ DELTA_SCAN_KEY_WIDTH = 16
 
 
 @dataclasses.dataclass(frozen=True)
+class FastWeightRun(Run):
+    """How the fast-weight rows compute the write: the same function in every form (tests/test_chunked.py)."""
+
+    form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
+    # the form held-out evaluations read in, the same function (null: form). auto: the token scan for a delta rule
+    # with keys of at most DELTA_SCAN_KEY_WIDTH, where it evaluates and compiles faster without a backward, else form
+    eval_form: str | None = "auto"
+    # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
+    chunk: int = 64
+    sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
+
+
+@dataclasses.dataclass(frozen=True)
 class FastWeightConfig(MixerConfig):
     """The knobs of the fast-weight rows; the defaults are the linear row, and each row's YAML sets what differs."""
 
     name: str = "linear"
     # each of the six rows' steps on the default job is fastest in slices of 8 examples per device on the
-    # 2-core CPU's two devices (MixerConfig.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
-    microbatch: int | None = resumable(8)
+    # 2-core CPU's two devices (Recipe.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
+    recipe: Recipe = recommended(microbatch=8)
+    run: FastWeightRun = run_field(FastWeightRun)
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
     write_strength: str = "one"  # beta_t: one | sigmoid (of a projection) | dt (Mamba-2's step)
@@ -115,28 +129,21 @@ class FastWeightConfig(MixerConfig):
     # the vector decay's gate logits start at this bias (fla's GLA: 0, a decay of 0.958 a token); a forget gate
     # that starts open, as in LSTMs: at 4 (0.9989 a token) GLA reaches 0.99 in fewer steps (MEMORY.md)
     forget_bias: float = 0.0
-    form: str = "chunked"  # chunked (training) | recurrent (the definition, one token at a time)
-    # the form held-out evaluations read in, the same function (null: form). auto: the token scan for a delta rule
-    # with keys of at most DELTA_SCAN_KEY_WIDTH, where it evaluates and compiles faster without a backward, else form
-    # (resumable: runs saved before eval_form=auto hold null)
-    eval_form: str | None = resumable("auto")
-    # tokens per chunk, fla's 64: a sequence that fits in one is the quadratic form with no loop (BENCHMARKS.md)
-    chunk: int = 64
-    sub_chunk: int = 4  # a vector decay too strong for one reference keeps its decays in blocks of this size
     # no RoPE and no shortformer positions: position comes from the short convolution and the decay
 
     def check(self, width: int) -> None:
         for field, allowed in (("rule", RULES), ("decay", DECAYS), ("write_strength", WRITE_STRENGTHS),
-                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "rms", "l2")), ("form", FORMS),
+                               ("feature_map", FEATURE_MAPS), ("qk_norm", ("none", "rms", "l2")), ("run.form", FORMS),
                                ("gate_activation", tuple(GATE_ACTIVATIONS)), ("output_norm_over", NORM_OVER)):
-            value = getattr(self, field)
+            value = knob(self, field)
             if value not in allowed:
                 raise ValueError(f"mixer.{field}={value!r} is not one of: {', '.join(allowed)}")
-        if self.eval_form not in (None, "auto", *FORMS):
-            raise ValueError(f"mixer.eval_form={self.eval_form!r} is not one of: null, auto, {', '.join(FORMS)}")
-        for field in ("heads", "chunk", "sub_chunk", "dpfp_nu", "num_features", "key_width", "value_width",
+        if self.run.eval_form not in (None, "auto", *FORMS):
+            raise ValueError(f"mixer.run.eval_form={self.run.eval_form!r} is not one of: null, auto, "
+                             f"{', '.join(FORMS)}")
+        for field in ("heads", "run.chunk", "run.sub_chunk", "dpfp_nu", "num_features", "key_width", "value_width",
                       "qk_groups"):
-            value = getattr(self, field)
+            value = knob(self, field)
             if value is not None and value < 1:
                 raise ValueError(f"mixer.{field}={value} must be positive")
         if self.short_conv < 0:
@@ -146,8 +153,8 @@ class FastWeightConfig(MixerConfig):
         if self.expand <= 0:
             raise ValueError(f"mixer.expand={self.expand} must be positive")
         if self.key_width is None and width % self.groups:
-            knob = "qk_groups" if self.qk_groups else "heads"
-            raise ValueError(f"mixer.{knob}={self.groups} must divide model.width={width}")
+            which = "qk_groups" if self.qk_groups else "heads"
+            raise ValueError(f"mixer.{which}={self.groups} must divide model.width={width}")
         total = self.values_total(width)
         if self.value_width is None and (not total.is_integer() or total % self.heads):
             named = f"model.width={width}" if self.expand == 1 else f"mixer.expand x model.width={total:g}"
@@ -187,17 +194,17 @@ class FastWeightConfig(MixerConfig):
         return d_key, feature_width(self.feature_map, d_key, self.dpfp_nu, self.num_features), d_value
 
     def fit(self, task, width: int) -> FastWeightConfig:
-        """eval_form=auto made concrete: it depends on the keys' width, which the model's width decides."""
-        if self.eval_form != "auto":
+        """run.eval_form=auto made concrete: it depends on the keys' width, which the model's width decides."""
+        if self.run.eval_form != "auto":
             return self
         scan = self.rule == "delta" and self.widths(width)[0] <= DELTA_SCAN_KEY_WIDTH
-        return dataclasses.replace(self, eval_form="recurrent" if scan else None)
+        return self.with_run(eval_form="recurrent" if scan else None)
 
     def for_evaluation(self) -> FastWeightConfig:
-        """The eval_form's layer; an auto that `fit` has not resolved (no width known) evaluates in the form."""
-        if self.eval_form in (None, "auto"):
+        """The run.eval_form's layer; an auto that `fit` has not resolved (no width known) evaluates in the form."""
+        if self.run.eval_form in (None, "auto"):
             return self
-        return dataclasses.replace(self, form=self.eval_form, eval_form=None)
+        return self.with_run(form=self.run.eval_form, eval_form=None)
 
     def state_size(self, width: int, seq_len: int) -> int:
         """The fast-weight matrices (d_phi x d_v per head, plus the normaliser) and the convolution's window."""
@@ -267,10 +274,10 @@ class FastWeightConfig(MixerConfig):
         decay = {"none": None, "fixed": 1, "scalar": 1, "vector": d_phi}[c.decay]
         memory = (d_phi, d_v + c.normalize, decay, c.decay != "fixed", c.write_strength != "one", c.rule == "delta")
         reads = None if Q is None else B * Q * H
-        if c.form == "chunked":
+        if c.run.form == "chunked":
             shared = H if c.decay == "fixed" else None  # RetNet's decay: made once for the batch
             qk_heads = H if G == 1 else 1  # one group's q and k reach the memory once, broadcast over the heads
-            parts["mixer/memory"] += count.chunked(B * H, T, *memory, c.chunk, reads, once, shared, qk_heads)
+            parts["mixer/memory"] += count.chunked(B * H, T, *memory, c.run.chunk, reads, once, shared, qk_heads)
         else:
             parts["mixer/memory"] += count.recurrent(B * H, T, *memory, reads, once)
         return parts
@@ -409,8 +416,9 @@ class FastWeight(Mixer):
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)
         kwargs = dict(log_a=log_a, beta=beta, delta=cfg.rule == "delta", state=None if state is None else state.memory)
-        if cfg.form == "chunked":  # reads only at read_at
-            o, memory = chunked(q, k, values, chunk=cfg.chunk, sub_chunk=cfg.sub_chunk, read_at=read_at, **kwargs)
+        if cfg.run.form == "chunked":  # reads only at read_at
+            o, memory = chunked(q, k, values, chunk=cfg.run.chunk, sub_chunk=cfg.run.sub_chunk, read_at=read_at,
+                                **kwargs)
         else:
             o, memory = recurrent(q, k, values, **kwargs)
             o = at_positions(o, read_at)

@@ -94,5 +94,5 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
 def training_form(c, form: str) -> None:
     """Refuse any form but the one a count is written for: the token loops the training forms are tested against
     (mesa's with a solve at each token), and mesa's chunked conjugate gradient, which has no count yet."""
-    if c.form != form:
-        raise Uncounted(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+    if c.run.form != form:
+        raise Uncounted(f"mixer {c.name!r} has no FLOP count with run.form={c.run.form}")

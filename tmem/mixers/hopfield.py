@@ -20,14 +20,15 @@ from flax import nnx, struct
 from tmem.layers import linear
 from tmem.memory.hopfield import hopfield_read
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_temperature, mask_heads
+from tmem.mixers.base import (Mixer, MixerConfig, MixerState, NoMatrix, Recipe, at_positions, check_temperature,
+                              mask_heads, recommended)
 
 
 @dataclasses.dataclass(frozen=True)
 class HopfieldConfig(MixerConfig):
     name: str = "hopfield"
     # the default job stalls at 0.25 held-out accuracy for 1,400 steps at 1e-2 (seed 0); 3e-3 learns it
-    lr: float | None = 3e-3
+    recipe: Recipe = recommended(lr=3e-3)
     heads: int = 4
     temperature: float | None = None  # beta; None means 1/sqrt(head width)
     learn_temperature: bool = False  # beta a parameter per head (kept as its log), starting at temperature

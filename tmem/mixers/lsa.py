@@ -18,7 +18,7 @@ from flax import nnx, struct
 
 from tmem.memory.lsa import causal_read, gd_construction, prompt_read
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, Recipe, at_positions, mask_heads, recommended
 
 LAYOUTS = ("auto", "prompt", "causal")
 
@@ -33,7 +33,7 @@ class LSAConfig(MixerConfig):
     # auto: the task's own layout (prompt for the von Oswald prompt, causal otherwise), set by validation
     layout: str = "auto"
     init_scale: float | None = 0.002  # fan-in variance scale, truncated normal (von Oswald: 0.002 / depth); None: Flax default
-    lr: float | None = 1e-3  # von Oswald's
+    recipe: Recipe = recommended(lr=1e-3)  # von Oswald's
 
     def check(self, width: int) -> None:
         if self.heads < 1:

@@ -30,10 +30,18 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, linear, short_conv
 from tmem.memory import selective
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, Run, at_positions, check_knobs, mask_heads, run_field
 from tmem.mixers.fast_weight import DT_RANGE, _inverse_softplus  # Mamba-2's dt initialisation is Mamba-1's
 
 DT_FLOOR = 1e-4  # the reference's dt_init_floor
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaRun(Run):
+    # scan (the definition, a token at a time) | parallel (an associative scan over the tokens: the same function,
+    # every state at once). On the 2-core CPU the scan trains faster: one layer's forward and backward at the
+    # default job's shapes (32 examples, d = 128, N = 16) took 0.40 s against 1.25 s, the machine shared
+    form: str = "scan"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +51,10 @@ class MambaConfig(MixerConfig):
     d_state: int = 16  # N states per channel
     dt_rank: int | None = None  # the step's bottleneck; None: ceil(width / 16), the reference's "auto"
     short_conv: int = 4  # kernel of the causal convolution on x (with a bias, then SiLU); 0 for none
-    # scan (the definition, a token at a time) | parallel (an associative scan over the tokens: the same function,
-    # every state at once). On the 2-core CPU the scan trains faster: one layer's forward and backward at the
-    # default job's shapes (32 examples, d = 128, N = 16) took 0.40 s against 1.25 s, the machine shared
-    form: str = "scan"
+    run: MambaRun = run_field(MambaRun)
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"form": tuple(selective.FORMS)}, positive=("expand", "d_state", "dt_rank"))
+        check_knobs(self, choices={"run.form": tuple(selective.FORMS)}, positive=("expand", "d_state", "dt_rank"))
 
     def rank(self, width: int) -> int:
         return self.dt_rank or math.ceil(width / 16)
@@ -137,7 +142,7 @@ class Mamba(Mixer):
                                                   self.x_proj.kernel.shape[1] - N], axis=-1)
         dt = jax.nn.softplus(self.dt_proj(low))
         A = -jnp.exp(self.A_log[...])
-        y, memory = selective.FORMS[cfg.form](x, dt, A, Bm, Cm, state=None if state is None else state.memory,
+        y, memory = selective.FORMS[cfg.run.form](x, dt, A, Bm, Cm, state=None if state is None else state.memory,
                                               read_at=read_at)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         y = (y + self.D[...][None, None] * at_positions(x, read_at)) * jax.nn.silu(at_positions(z, read_at))

@@ -27,8 +27,8 @@ from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import mesa
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, at_positions,
-                              check_knobs, mask_heads)
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, Recipe, Run,
+                              at_positions, check_knobs, mask_heads, recommended, run_field)
 
 FORMS = ("auto", "parallel", "chunked", "recurrent")
 # auto's switch: from this many tokens the chunked form, whose memory holds one H per chunk; below it the parallel
@@ -39,16 +39,21 @@ WRITE_STRENGTHS = ("sigmoid", "one")
 
 
 @dataclasses.dataclass(frozen=True)
-class MesaConfig(MixerConfig):
-    name: str = "mesa"
-    lr: float | None = 1e-2
-    heads: int = 4
+class MesaRun(Run):
     # auto (by the task's length: CHUNKED_FROM) | parallel (all H_t at once, T solves side by side) | chunked
     # (MesaNet's chunked CG: one H per chunk, memory bounded at long T) | recurrent (the definition)
     form: str = "auto"
+    chunk: int = 64  # tokens per chunk of the sums; a sequence that fits in one is the masked quadratic form
+
+
+@dataclasses.dataclass(frozen=True)
+class MesaConfig(MixerConfig):
+    name: str = "mesa"
+    recipe: Recipe = recommended(lr=1e-2)
+    heads: int = 4
+    run: MesaRun = run_field(MesaRun)
     solver: str = "cg"  # the parallel form's: cg (MesaNet's, cg_steps iterations) | cholesky (exact)
     cg_steps: int = 30  # MesaNet's training default (fla's max_cg_step_training)
-    chunk: int = 64  # tokens per chunk of the sums; a sequence that fits in one is the masked quadratic form
     short_conv: int = 4  # kernel of the causal convolution (with SiLU) on q and k; 0 for none
     lambda_floor: float = 0.25  # Lambda = softplus(p) + lambda_floor > lambda_floor: the system stays well posed
     lambda_init: float = 1.0
@@ -62,12 +67,13 @@ class MesaConfig(MixerConfig):
     gate_activation: str = "silu"
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"form": FORMS, "solver": mesa.SOLVERS, "gate_activation": tuple(GATE_ACTIVATIONS),
-                                   "forget": FORGETS, "write_strength": WRITE_STRENGTHS}, positive=("cg_steps", "chunk"),
+        check_knobs(self, choices={"run.form": FORMS, "solver": mesa.SOLVERS,
+                                   "gate_activation": tuple(GATE_ACTIVATIONS), "forget": FORGETS,
+                                   "write_strength": WRITE_STRENGTHS}, positive=("cg_steps", "run.chunk"),
                    width=width)
-        if self.form == "chunked" and self.solver != "cg":
-            raise ValueError(f"mixer.solver={self.solver} needs every H_t, which mixer.form=chunked never makes: "
-                             "use mixer.solver=cg or mixer.form=parallel")
+        if self.run.form == "chunked" and self.solver != "cg":
+            raise ValueError(f"mixer.solver={self.solver} needs every H_t, which mixer.run.form=chunked never makes: "
+                             "use mixer.solver=cg or mixer.run.form=parallel")
         if self.lambda_floor <= 0:
             raise ValueError(f"mixer.lambda_floor={self.lambda_floor} must be positive: it keeps the solve posed")
         if self.lambda_init <= self.lambda_floor:
@@ -75,7 +81,7 @@ class MesaConfig(MixerConfig):
 
     def fit(self, task, width: int) -> MesaConfig:
         """auto's form for the task's length."""
-        return self if self.form != "auto" else dataclasses.replace(self, form=training_form(self, task.seq_len))
+        return self if self.run.form != "auto" else self.with_run(form=training_form(self, task.seq_len))
 
     def state_size(self, width: int, seq_len: int) -> int:
         """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
@@ -122,12 +128,12 @@ class MesaConfig(MixerConfig):
         parts["mixer/gates"] += gates
         parts["norms"] += count.norm("rmsnorm", R * D)
         reads = B * H * (Q or T)  # the systems solved: one for each read of each head
-        memory = count.key_sums(B * H, T, d, gated, c.chunk, once, strength_grad=written)
+        memory = count.key_sums(B * H, T, d, gated, c.run.chunk, once, strength_grad=written)
         # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads (and,
         # reading at Q positions, H_t's gradient scattered back)
         memory += reads * d * d * (3 + (Q is not None))
         memory += count.cg(reads, d, c.cg_steps, once)
-        memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.chunk, None if Q is None else reads,
+        memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.run.chunk, None if Q is None else reads,
                                 once)
         parts["mixer/memory"] += memory
         return parts
@@ -200,11 +206,12 @@ class Mesa(Mixer):
         beta = jax.nn.sigmoid(self.write(x_btd)) if cfg.write_strength == "sigmoid" else jnp.ones((B, T, H))
         lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
-        form = training_form(cfg, T) if cfg.form == "auto" else cfg.form  # a layer made without validation
+        form = training_form(cfg, T) if cfg.run.form == "auto" else cfg.run.form  # a layer made without validation
         if form == "chunked":
-            o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.cg_steps, chunk=cfg.chunk, read_at=read_at, **kwargs)
+            o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.cg_steps, chunk=cfg.run.chunk, read_at=read_at,
+                                          **kwargs)
         elif form == "parallel":
-            o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.cg_steps, chunk=cfg.chunk,
+            o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.cg_steps, chunk=cfg.run.chunk,
                                         read_at=read_at, **kwargs)
         else:
             o, (Hs, Gs) = mesa.recurrent(q, k, v, **kwargs)

@@ -54,7 +54,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import ClassVar
 
-from tmem.mixers.base import Cell, MixerConfig, check_knobs
+from tmem.mixers.base import Cell, MixerConfig, Recipe, check_knobs, recommended
 
 WEIGHTS = ("uniform", "decay", "gate", "similarity")
 FUNCTIONS = ("linear", "mlp", "nonparametric")
@@ -71,7 +71,7 @@ class RegressionConfig(MixerConfig):
     """The three knobs (and the initial memory); `fit` turns them into the layer's own config."""
 
     name: str = "regression"
-    lr: float | None = 1e-2
+    recipe: Recipe = recommended(lr=1e-2)
     # gamma: uniform | decay (fixed per head) | gate (from the token) | similarity (to the query: softmax's)
     weights: str = "uniform"
     function: str = "linear"  # linear | mlp | nonparametric (softmax's locally constant fit)
@@ -149,7 +149,7 @@ class RegressionConfig(MixerConfig):
                              f"({', '.join(cell[:3])}) {'without' if strength == 'none' else 'with'} a learned write "
                              "strength; set mixer.write_strength=auto")
         # the grid's rate, schedule and slice of the batch, not the row's: every cell of a sweep trains alike
-        return dataclasses.replace(row, name="regression", lr=self.lr, optim=self.optim, microbatch=self.microbatch)
+        return dataclasses.replace(row, name="regression", recipe=self.recipe)
 
     def check(self, width: int) -> None:
         self.resolve().check(width)

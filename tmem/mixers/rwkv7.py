@@ -38,7 +38,7 @@ from flax import nnx, struct
 from tmem.layers import l2_normalize, linear
 from tmem.memory import rwkv7
 from tmem.mixers import flops as count
-from tmem.mixers.base import Mixer, MixerConfig, MixerState, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import Mixer, MixerConfig, MixerState, Run, at_positions, check_knobs, mask_heads, run_field
 
 SHIFTED = ("r", "w", "k", "v", "a", "g")  # the maps that each read their own token-shift mix
 LOG_DECAY_SCALE = -math.exp(-0.5)  # log w = -e^{-1/2} sigmoid(.): decays in (0.545, 1)
@@ -46,15 +46,20 @@ GROUP_NORM_EPS = 1e-5  # times the head's width, as fla's RWKV-7
 
 
 @dataclasses.dataclass(frozen=True)
+class RWKV7Run(Run):
+    form: str = "chunked"  # chunked (training) | recurrent (the definition, a token at a time)
+    chunk: int = 64  # tokens per chunk of the chunked form
+
+
+@dataclasses.dataclass(frozen=True)
 class RWKV7Config(MixerConfig):
     name: str = "rwkv7"
     heads: int = 4
     rank: int = 16  # of the low-rank maps for the decay, the in-context rate and the gate
-    form: str = "chunked"  # chunked (training) | recurrent (the definition, a token at a time)
-    chunk: int = 64  # tokens per chunk of the chunked form
+    run: RWKV7Run = run_field(RWKV7Run)
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"form": tuple(rwkv7.FORMS)}, positive=("rank", "chunk"), width=width)
+        check_knobs(self, choices={"run.form": tuple(rwkv7.FORMS)}, positive=("rank", "run.chunk"), width=width)
 
     def state_size(self, width: int, seq_len: int) -> int:
         """The d_k x d_v matrix of each head and the token shift's last token."""
@@ -86,7 +91,7 @@ class RWKV7Config(MixerConfig):
         gates += 5 * R * D if Q else 0  # r, kt, v, o and the gate's mix read at Q: their gradients scattered back
         parts["mixer/gates"] += gates
         parts["norms"] += count.norm("layernorm", R * D)
-        parts["mixer/memory"] += count.rwkv7_chunked(B * H, T, D // H, c.chunk, once)
+        parts["mixer/memory"] += count.rwkv7_chunked(B * H, T, D // H, c.run.chunk, once)
         return parts
 
 
@@ -151,8 +156,8 @@ class RWKV7(Mixer):
         kh = l2_normalize(k * heads(self.k_k[...][None, None]))
         kt = k * (1 + (a - 1) * heads(self.k_a[...][None, None]))
         self.sow(nnx.Intermediate, "keys", kh, capture_noop=True)
-        form = rwkv7.FORMS[cfg.form]
-        kwargs = {"chunk": cfg.chunk} if cfg.form == "chunked" else {}
+        form = rwkv7.FORMS[cfg.run.form]
+        kwargs = {"chunk": cfg.run.chunk} if cfg.run.form == "chunked" else {}
         o, memory = form(r, log_w, kh, a, kt, v, state=None if state is None else state.memory, **kwargs)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         r, kt, v, o = (at_positions(y, read_at) for y in (r, kt, v, o))

@@ -35,8 +35,8 @@ from tmem.layers import ShortConv, l2_normalize, short_conv
 from tmem.memory import gradient
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
-from tmem.mixers.base import (FORGET_OF_WEIGHTS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions,
-                              check_knobs, mask_heads)
+from tmem.mixers.base import (FORGET_OF_WEIGHTS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, Recipe, Run,
+                              at_positions, check_knobs, mask_heads, recommended, run_field)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("none", "fixed", "gate")
@@ -46,9 +46,14 @@ FORGET_BIAS = -5.0  # alpha starts near 0.007: the memory starts nearly without 
 
 
 @dataclasses.dataclass(frozen=True)
+class TitansRun(Run):
+    form: str = "parallel"  # parallel (training: a scan over mini-batches) | recurrent (the definition)
+
+
+@dataclasses.dataclass(frozen=True)
 class TitansConfig(MixerConfig):
     name: str = "titans"
-    lr: float | None = 1e-2
+    recipe: Recipe = recommended(lr=1e-2)
     heads: int = 4
     function: str = "mlp"  # the memory: mlp (GELU, hidden = expansion x head width) | linear
     expansion: int = 4
@@ -61,11 +66,11 @@ class TitansConfig(MixerConfig):
     momentum: bool = True
     forget: str = "gate"  # the memory's decay 1 - alpha_t: none | fixed (per head) | gate (from the token)
     initial: str = "learned"  # the initial memory: learned (a slow weight) | zero (linear memories only)
-    form: str = "parallel"  # parallel (training: a scan over mini-batches) | recurrent (the definition)
+    run: TitansRun = run_field(TitansRun)
     short_conv: int = 4  # kernel of the causal convolutions (with SiLU) on q, k, v; 0 for none
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"function": gradient.FUNCTIONS, "form": FORMS, "forget": FORGETS,
+        check_knobs(self, choices={"function": gradient.FUNCTIONS, "run.form": FORMS, "forget": FORGETS,
                                    "initial": INITIALS}, positive=("mini_batch", "expansion"), width=width)
         if self.base_lr <= 0:
             raise ValueError(f"mixer.base_lr={self.base_lr} must be positive")
@@ -212,7 +217,7 @@ class Titans(Mixer):
         theta, log_a, log_eta = self.rates(x_btd)
         memory = (gradient.initial_state(self.initial_memory(), B, cfg.momentum) if state is None else state.memory)
         ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
-        form = gradient.parallel if cfg.form == "parallel" else gradient.recurrent
+        form = gradient.parallel if cfg.run.form == "parallel" else gradient.recurrent
         o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln, state=memory,
                          mini_batch=cfg.mini_batch, start=start)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)

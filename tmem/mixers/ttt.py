@@ -40,7 +40,8 @@ from flax import nnx, struct
 from tmem.layers import ShortConv, rope
 from tmem.memory import gradient, ttt
 from tmem.mixers import flops as count
-from tmem.mixers.base import Cell, Mixer, MixerConfig, MixerState, NoMatrix, at_positions, check_knobs, mask_heads
+from tmem.mixers.base import (Cell, Mixer, MixerConfig, MixerState, NoMatrix, Recipe, Run, at_positions, check_knobs,
+                              mask_heads, recommended, run_field)
 
 FORMS = ("dual", "recurrent")
 INNERS = ("linear", "mlp")
@@ -48,20 +49,25 @@ INIT_STD = 0.02  # the official initializer_range, for W_0 and the rate's weight
 
 
 @dataclasses.dataclass(frozen=True)
+class TTTRun(Run):
+    form: str = "dual"  # dual (training: masked matmuls within a mini-batch) | recurrent (the definition)
+
+
+@dataclasses.dataclass(frozen=True)
 class TTTConfig(MixerConfig):
     name: str = "ttt_linear"
-    lr: float | None = 1e-2
+    recipe: Recipe = recommended(lr=1e-2)
     heads: int = 4
     inner: str = "linear"  # the inner model g: linear (TTT-Linear) | mlp (TTT-MLP: GELU, hidden expansion x d)
     expansion: int = 4
     mini_batch: int = 16  # b: tokens whose gradients are taken at the same starting weights (official: 16)
     base_lr: float = 1.0  # the inner rate's scale (official: 1.0 for TTT-Linear, 0.1 for TTT-MLP)
-    form: str = "dual"  # dual (training: masked matmuls within a mini-batch) | recurrent (the definition)
+    run: TTTRun = run_field(TTTRun)
     short_conv: int = 4  # kernel of the convolutions on q and k (official conv_width 4); 0 for none
     rope: bool = True  # RoPE on q and k at the position within the mini-batch
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"form": FORMS, "inner": INNERS}, positive=("expansion", "mini_batch"), width=width)
+        check_knobs(self, choices={"run.form": FORMS, "inner": INNERS}, positive=("expansion", "mini_batch"), width=width)
         if self.rope and (width // self.heads) % 2:
             raise ValueError(f"mixer.rope needs an even head width, not {width // self.heads}; set mixer.rope=false")
         if self.base_lr <= 0:
@@ -196,11 +202,11 @@ class TTT(Mixer):
         memory = self.initial_state(B) if state is None else state.memory
         ln = self.ttt_scale[...], self.ttt_bias[...]
         if cfg.inner == "linear":
-            form = ttt.dual if cfg.form == "dual" else ttt.recurrent
+            form = ttt.dual if cfg.run.form == "dual" else ttt.recurrent
             o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=ln[0], ln_bias=ln[1], state=memory,
                              mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
         else:
-            form = gradient.parallel if cfg.form == "dual" else gradient.recurrent
+            form = gradient.parallel if cfg.run.form == "dual" else gradient.recurrent
             o, memory = form(q, k, v, inner=self.mlp, theta=lr, tok=token_lr, ln=ln, state=memory,
                              mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)

@@ -40,7 +40,7 @@ def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
     return {
         "mixer": cfg.mixer.name, "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
         "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)),
-        "lr": float(cfg.optim.lr if cfg.optim.lr is not None else cfg.mixer.lr),  # null: the mixer's rate
+        "lr": float(fields["recipe.lr"]),  # the rate it trained at: optim.lr, or the row's (mixer.recipe.lr)
         "seed": int(cfg.train.seed), "accuracy": fields.get(metric), "loss": fields.get("eval/loss"),
         "status": fields.get("status"), "steps": fields.get("steps"),
         "wall_seconds": fields.get("wall_seconds"), "parameters": fields.get("parameters"),

@@ -17,6 +17,7 @@ from flax import nnx
 from omegaconf import OmegaConf
 
 from tmem.config import ConfigError, validate
+from tmem.train.rundir import saved_config
 from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 
@@ -72,9 +73,7 @@ def saved_run(run_dir: str | Path, step: int | None = None) -> tuple[Any, Checkp
     ckpts = Checkpoints(run_dir / "checkpoints")
     if ckpts.latest_step() is None:
         raise CheckpointError(f"run={run_dir} has no checkpoint yet: train it first")
-    resolved = ckpts.config()
-    if resolved is None and (run_dir / ".hydra" / "config.yaml").exists():
-        resolved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
+    resolved = saved_config(run_dir)
     if resolved is None:
         raise CheckpointError(f"run={run_dir}: the checkpoint carries no config and .hydra/config.yaml is missing")
     if step is not None and step not in ckpts.steps():

@@ -27,6 +27,8 @@ from omegaconf import OmegaConf, open_dict
 from tmem.command import check_group_overrides, compose_command, overrides_of
 from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate
 from tmem.mixers import config_type
+from tmem.mixers.base import resumable_fields
+from tmem.mixers.migrate import migrate_config
 from tmem.train.record import METRICS
 from tmem.train.resolved import RESOLVED
 
@@ -229,14 +231,16 @@ def lock(run_dir: Path) -> None:
 
 
 def saved_config(run_dir: Path) -> dict | None:
-    """The resolved config a run saved: with its newest readable checkpoint, else Hydra's record of its start."""
+    """The resolved config a run saved: with its newest readable checkpoint, else Hydra's record of its start;
+    in today's field names (tmem.mixers.migrate: a run saved before its row's recipe and run were parts)."""
     from tmem.train.checkpoint import Checkpoints  # orbax loads slowly; only a resume needs it
 
     saved = Checkpoints(Path(run_dir) / "checkpoints").config()
     record = Path(run_dir) / ".hydra" / "config.yaml"
     if saved is None and record.is_file():
-        saved = saved_form(OmegaConf.load(record))  # a hybrid's entries written out as a checkpoint holds them
-    return saved
+        # a hybrid's entries written out as a checkpoint holds them
+        return saved_form(OmegaConf.create(migrate_config(OmegaConf.to_container(OmegaConf.load(record)))))
+    return None if saved is None else migrate_config(saved)
 
 
 def check_resume(run_dir: Path, resolved: dict) -> None:
@@ -279,7 +283,7 @@ def _mixer_resumable(resolved: dict) -> tuple[str, ...]:
             schema = config_type(node)
         except ValueError as e:
             raise ConfigError(f"train.resume: {e}") from None
-        fields += [f"{prefix}.{f.name}" for f in dataclasses.fields(schema) if f.metadata.get("resumable")]
+        fields += [f"{prefix}.{name}" for name in resumable_fields(schema)]
     return tuple(fields)
 
 
