@@ -49,7 +49,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS))
     parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16, 50])
-    parser.add_argument("--forms", nargs="+", default=[None], help="mixer.eval_form values (default: each row's)")
+    parser.add_argument("--forms", nargs="+", default=[None], help="mixer.run.eval_form values (default: each row's)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the default job, for every row")
     args = parser.parse_args()
@@ -58,7 +58,7 @@ def main():
 
     # a row, or a row in one evaluation form ("deltanet recurrent"), is a line of the table
     lines = {" ".join(filter(None, (row, form))): [f"mixer={row}", *args.overrides] + (
-        [f"mixer.eval_form={form}"] if form else []) for row in args.rows for form in args.forms}
+        [f"mixer.run.eval_form={form}"] if form else []) for row in args.rows for form in args.forms}
     programs = {}
     for line, overrides in lines.items():
         cfg = config(*overrides)[0]

@@ -2,7 +2,7 @@
 
     python benchmarks/long_sequences.py                      # every row at T = 512, 2048, 8192, batch 1
     python benchmarks/long_sequences.py --rows mesa gated_deltanet --lengths 2048 --batch 4
-    python benchmarks/long_sequences.py --rows mesa mixer.form=parallel --lengths 512 2048
+    python benchmarks/long_sequences.py --rows mesa mixer.run.form=parallel --lengths 512 2048
 
 Each row trains the default MQAR job's model (width 64, two layers) with
 `task.seq_len=T`, the least vocabulary MQAR allows at that length

@@ -1,4 +1,4 @@
-"""Each row's training step at several microbatch sizes, in one process: the data behind each row's mixer.microbatch.
+"""Each row's training step at several microbatch sizes, in one process: the data behind each row's mixer.recipe.microbatch.
 
     python benchmarks/microbatch.py                                   # every row of mqar_rows, sizes 8, 16, 32
     python benchmarks/microbatch.py --rows softmax gla --sizes 4 8 16

@@ -69,6 +69,29 @@ def test_an_outside_row_validates_continues_is_probed_and_counted_as_uncounted()
         step_flops(cfg)
 
 
+@pytest.mark.slow  # compiles a two-layer model three times (the quick subset has the outside row alone)
+def test_an_outside_row_stacks_with_softmax_in_a_hybrid():
+    """A hybrid entry names the outside row by `_row_` (its config's defaults, then the entry's knobs, its run part
+    too): the stack validates, each layer continues from its own state, and the saved entries name the row, so
+    the run's saved config validates as the same model."""
+    from tmem.config import saved_form
+    from tmem.model import build_model
+
+    hybrid = [*TINY, "model.mixers=[{_row_:my_memory.ROW,decay:0.8,run:{form:recurrent}},softmax]"]
+    cfg = validate(compose_config(hybrid))
+    outside, softmax = cfg.model.mixers
+    assert type(outside) is DecayedConfig and (outside.decay, outside.run.form) == (0.8, "recurrent")
+    assert softmax.name == "softmax" and softmax.heads == 2  # TINY's mixer.heads reaches the softmax layers
+    model = build_model(cfg, cfg.task)
+    inputs = cfg.task.sample(jax.random.key(3), 3).inputs
+    full, continued, lengths = _read(model, inputs, splits(inputs.shape[1]))
+    np.testing.assert_allclose(continued, full, rtol=1e-5, atol=1e-5)
+    assert [[int(n) for n in step] for step in lengths] == [[n] * cfg.model.depth for n in (5, 13, 16)]
+    saved = saved_form(compose_config(hybrid))
+    assert saved["model"]["mixers"][0]["_row_"] == "my_memory.ROW"
+    assert validate(OmegaConf.create(saved)) == cfg
+
+
 @pytest.mark.parametrize("path, message", [
     ("my_memory.NOPE", "mixer._row_=my_memory.NOPE: cannot import it (AttributeError"),
     ("no_such_package.ROW", "mixer._row_=no_such_package.ROW: cannot import it (ModuleNotFoundError"),

@@ -256,8 +256,8 @@ def test_a_resume_may_change_how_the_row_runs_but_not_the_memory(tmp_path):
     record(tmp_path, changed(resolved, "mixer", run={**resolved["mixer"]["run"], "eval_form": None}))
     rundir.check_resume(tmp_path, resolved)
     rundir.check_resume(tmp_path, changed(resolved, "mixer", run={**resolved["mixer"]["run"], "chunk": 16}))
-    with pytest.raises(ConfigError, match="mixer.heads"):
-        rundir.check_resume(tmp_path, changed(resolved, "mixer", heads=2))
+    with pytest.raises(ConfigError, match="mixer.short_conv"):
+        rundir.check_resume(tmp_path, changed(resolved, "mixer", short_conv=2))
 
 
 def test_the_mixer_fields_a_resume_may_change_are_those_its_row_marks(tmp_path):

@@ -5,7 +5,7 @@ once, so it undercounts any step with a loop in it: the microbatches of
 `tmem.train.step.make_gradients` (a `lax.map`: the default 64 examples in 2
 slices of 32 report half the work), the scan over chunks of
 `tmem.memory.chunked` and the scan over tokens of the recurrent form
-(`tmem.memory.linear_state.recurrent`, mixer.form=recurrent), mesa's
+(`tmem.memory.linear_state.recurrent`, mixer.run.form=recurrent), mesa's
 conjugate-gradient steps (`tmem.memory.mesa.cg_solve`, forward and backward)
 and the scans over mini-batches of TTT (`tmem.memory.ttt.dual`) and Titans
 (`tmem.memory.gradient.parallel`).

@@ -92,16 +92,16 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"
-    lr: float | None = None  # None: the mixer's recommended rate (mixer.lr); rows differ several-fold
+    lr: float | None = None  # None: the mixer's recommended rate (mixer.recipe.lr); rows differ several-fold
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
-    weight_decay: float | None = None  # null: the mixer's recommendation (mixer.optim.weight_decay), else 0
+    weight_decay: float | None = None  # null: the mixer's recommendation (mixer.recipe.weight_decay), else 0
     warmup_steps: int = 100
     schedule: str = "cosine"  # after warmup: cosine, linear (to final_lr_ratio * lr) or constant
     final_lr_ratio: float = 0.1
     # the step the decay ends at, warmup included; the rate then stays at final_lr_ratio * lr. null: the mixer's
-    # recommendation (mixer.optim.decay_steps), else train.steps. train.steps is also the cap of a run that stops
+    # recommendation (mixer.recipe.decay_steps), else train.steps. train.steps is also the cap of a run that stops
     # at its target, so raising the cap stretches a decay tied to it; a resume may not (tmem.train.rundir: it names
     # decay_steps, which keeps the run's schedule)
     decay_steps: int | None = None
@@ -188,7 +188,7 @@ class TrainConfig:
     steps: int = 5000
     batch_size: int = 64
     # each device differentiates at most this many examples at once (`split`): the same update, faster on a
-    # CPU; auto: the mixer's (mixer.microbatch, resolved by validation), null: each device its whole part
+    # CPU; auto: the mixer's (mixer.recipe.microbatch, resolved by validation), null: each device its whole part
     microbatch: int | str | None = "auto"
     log_every: int = 50
     eval_every: int = 50

@@ -24,7 +24,7 @@ def structured(schema: type, values: dict):
 
 def _writable(node: DictConfig) -> DictConfig:
     """A frozen dataclass's node with its read-only flag cleared on it and on every nested dataclass's node (each
-    carries its own, mixer.optim's too), so that values merge into it; the dataclass made from it stays frozen."""
+    carries its own, mixer.recipe's too), so that values merge into it; the dataclass made from it stays frozen."""
     OmegaConf.set_readonly(node, False)
     for child in node.values():
         if isinstance(child, DictConfig):
