@@ -56,7 +56,7 @@ def test_a_bad_hybrid_is_one_line_naming_its_entry(overrides, message):
 
 
 def test_the_recipe_is_the_entry_with_the_smallest_rate_and_optim_lr_still_wins():
-    cfg = config("model.mixers=[gated_deltanet,{name:softmax,lr:0.003,microbatch:16}]")
+    cfg = config("model.mixers=[gated_deltanet,{name:softmax,recipe:{lr:0.003,microbatch:16}}]")
     assert (cfg.mixer.name, cfg.optim.lr, cfg.train.microbatch) == ("softmax", 0.003, 16)
     cfg = config(GDN_SOFTMAX)  # equal rates: the first entry's, Gated DeltaNet's microbatch of 8
     assert (cfg.mixer.name, cfg.optim.lr, cfg.train.microbatch) == ("gated_deltanet", 0.01, 8)
