@@ -75,8 +75,8 @@ def test_eval_chunk_times_each_row_at_each_chunk_and_names_the_fastest():
 def test_long_sequences_gives_each_rows_memory_and_time_and_mesas_ratio(tmp_path):
     out = tmp_path / "long.json"
     done = run_entry("benchmarks/long_sequences.py", "--rows", "mesa", "gated_deltanet", "--lengths", "16",
-                     "--steps", "1", "--json", str(out), "mixer.run.form=chunked", "mixer.run.chunk=4", "model.width=16",
-                     "mixer.heads=2")
+                     "--steps", "1", "--json", str(out), "mixer.run.form=chunked", "mixer.run.chunk=4",
+                     "model.width=16", "mixer.heads=2")
     assert done.returncode == 0, done.stderr[-3000:]
     cells = json.loads(out.read_text())
     assert [(c["row"], c["T"]) for c in cells] == [("mesa", 16), ("gated_deltanet", 16)]

@@ -410,7 +410,8 @@ def test_a_mixture_counts_its_active_experts():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [("model.mixers=[{name:gated_deltanet,run:{chunk:64}},softmax]",), ("model=based",)],
+@pytest.mark.parametrize("overrides", [("model.mixers=[{name:gated_deltanet,run:{chunk:64}},softmax]",),
+                                       ("model=based",)],
                          ids=["gated_deltanet+softmax", "based"])
 def test_the_count_of_a_hybrid_matches_xla(overrides):
     """Each layer counted as its row counts its own: Gated DeltaNet beside softmax, and Based (a softmax window

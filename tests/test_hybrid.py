@@ -43,6 +43,8 @@ def test_entries_are_their_rows_yaml_with_the_mixer_groups_changes_and_their_own
 @pytest.mark.parametrize("overrides,message", [
     (("model.mixers=[gated_deltanet,mamba2]", "mixer.window=4"),
      "mixer.window=4 changes softmax, which model.mixers has no layer of: give it in an entry"),
+    (("model.mixers=[gated_deltanet,mamba2]", "mixer.run.implementation=plain"),
+     "mixer.run.implementation='plain' changes softmax, which model.mixers has no layer of"),
     ((GDN_SOFTMAX, "model.depth=1"), "model.mixers has 2 entries but model.depth=1"),
     (("model.mixers=[gated_deltanet,transformer]",), "model.mixers[1].name='transformer' is not one of: softmax"),
     (("model.mixers=[gated_deltanet,{name:softmax,heads:3}]",), "model.mixers[1].heads=3 must divide model.width"),

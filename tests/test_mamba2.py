@@ -62,7 +62,8 @@ def definition(layer: FastWeight, x):
 
 
 def mamba2(form="chunked", chunk=64, **knobs):
-    layer = FastWeight(FastWeightConfig(run=FastWeightRun(form, chunk=chunk), **{**MAMBA2, **knobs}), 16, rope=False, rngs=nnx.Rngs(0))
+    cfg = FastWeightConfig(run=FastWeightRun(form, chunk=chunk), **{**MAMBA2, **knobs})
+    layer = FastWeight(cfg, 16, rope=False, rngs=nnx.Rngs(0))
     if "conv_bias" in knobs and knobs["conv_bias"]:  # zero at initialisation: give it values to test
         for i, c in enumerate((layer.conv_q, layer.conv_k, layer.conv_v)):
             c.bias[...] = 0.3 * jax.random.normal(jax.random.key(10 + i), c.bias[...].shape)

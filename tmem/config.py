@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tasks import TASKS
 from tasks.examples import MAX_POSITION
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
-from tmem.mixers.migrate import migrate, migrate_config, renamed
+from tmem.mixers.migrate import migrate, renamed
 from tmem.mlps import CONFIGS as MLP_CONFIGS
 from tmem.schema import ClusterConfig, Config, LoggerConfig, ModelConfig, OptimConfig, TrainConfig
 from tmem.structured import structured
@@ -142,7 +142,8 @@ def hybrid_entries(cfg: DictConfig) -> list[dict]:
         return []
     if not isinstance(entries, ListConfig):
         raise ConfigError(f"model.mixers={entries!r} must be a list of rows: [gated_deltanet,softmax]")
-    group = migrate(OmegaConf.to_container(cfg.mixer, resolve=True)) if isinstance(cfg.get("mixer"), DictConfig) else {}
+    group = OmegaConf.to_container(cfg.mixer, resolve=True) if isinstance(cfg.get("mixer"), DictConfig) else {}
+    group = migrate(group)
     own = row_node(group["name"]) if group.get("name") in CONFIGS else group
     changes = {k: v for k, v in group.items() if own.get(k) != v}
     full = []
@@ -153,6 +154,9 @@ def hybrid_entries(cfg: DictConfig) -> list[dict]:
                                                            knobs)))
     if changes and group["name"] not in [entry["name"] for entry in full]:
         field, value = next(iter(changes.items()))
+        if isinstance(value, dict):  # a part (mixer.run): name the field in it that changed
+            inner, value = next((k, v) for k, v in value.items() if (own.get(field) or {}).get(k) != v)
+            field = f"{field}.{inner}"
         raise ConfigError(f"mixer.{field}={value!r} changes {group['name']}, which model.mixers has no layer of: "
                           f"give it in an entry, e.g. 'model.mixers=[{{name:{full[0]['name']},{field}:...}},...]'")
     return full

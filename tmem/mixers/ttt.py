@@ -67,7 +67,8 @@ class TTTConfig(MixerConfig):
     rope: bool = True  # RoPE on q and k at the position within the mini-batch
 
     def check(self, width: int) -> None:
-        check_knobs(self, choices={"run.form": FORMS, "inner": INNERS}, positive=("expansion", "mini_batch"), width=width)
+        check_knobs(self, choices={"run.form": FORMS, "inner": INNERS}, positive=("expansion", "mini_batch"),
+                    width=width)
         if self.rope and (width // self.heads) % 2:
             raise ValueError(f"mixer.rope needs an even head width, not {width // self.heads}; set mixer.rope=false")
         if self.base_lr <= 0:

@@ -17,9 +17,9 @@ from flax import nnx
 from omegaconf import OmegaConf
 
 from tmem.config import ConfigError, validate
-from tmem.train.rundir import saved_config
 from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
+from tmem.train.rundir import saved_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,10 @@ def saved_run(run_dir: str | Path, step: int | None = None) -> tuple[Any, Checkp
     ckpts = Checkpoints(run_dir / "checkpoints")
     if ckpts.latest_step() is None:
         raise CheckpointError(f"run={run_dir} has no checkpoint yet: train it first")
-    resolved = saved_config(run_dir)
+    try:
+        resolved = saved_config(run_dir)  # in today's field names
+    except ConfigError as e:
+        raise CheckpointError(f"run={run_dir}: its saved config no longer validates: {e}") from None
     if resolved is None:
         raise CheckpointError(f"run={run_dir}: the checkpoint carries no config and .hydra/config.yaml is missing")
     if step is not None and step not in ckpts.steps():

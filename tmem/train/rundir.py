@@ -12,7 +12,6 @@ record keeps describing how the run started.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
