@@ -1,0 +1,42 @@
+"""The dilution probe on a model whose recall depends on the distractor in a known way."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tasks import MQAR, heldout
+from tmem.probes.dilution import most_distractor_pairs, recall_by_distractor
+
+
+def reaches(reach: int, vocab: int = 256):
+    """Looks each query's key up among the context's keys (every even position before the first query) and
+    answers with the token after it, but only when the key is under `reach` tokens back: a memory whose
+    recall depends on age alone, so a distractor placed after the queried pairs costs it exactly the pairs it
+    pushes past `reach`."""
+
+    def model(inputs, *, positions):
+        context = positions.min(axis=1, keepdims=True)  # the first query: everything before it is pairs
+        query = jnp.take_along_axis(inputs, positions, axis=1)  # [B, Q]
+        keys = jnp.where(jnp.arange(0, inputs.shape[1], 2)[None] < context, inputs[:, 0::2], -1)
+        j = jnp.argmax(keys[:, None, :] == query[..., None], axis=-1)
+        value = jnp.take_along_axis(inputs[:, 1::2], j, axis=1)
+        return 10.0 * jax.nn.one_hot(jnp.where(positions - 2 * j < reach, value, 0), vocab)
+
+    return model
+
+
+@pytest.mark.slow  # 8 s on a quiet machine: four held-out sets and four compiles
+def test_recall_falls_as_the_known_reach_predicts():
+    task = MQAR(num_kv_pairs=4, heldout_size=200)
+    assert most_distractor_pairs(task) == 24  # 8 + 2 * 24 + 8 = 64 tokens
+    pairs = [0, 24]
+    rows = recall_by_distractor(reaches(24), task, pairs, chunk=200)
+    assert rows["distractor_tokens"] == [0, 48]
+    for place in ("before", "after"):
+        diluted = [dataclasses.replace(task, distractor_pairs=m, distractor_place=place) for m in pairs]
+        expected = [(np.asarray(heldout(t).meta["distance"]) < 24).mean() for t in diluted]
+        np.testing.assert_allclose(rows[place], expected)
+    assert rows["after"][-1] == 0.0 < rows["before"][-1]  # 48 distractor tokens after: every pair past reach

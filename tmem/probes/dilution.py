@@ -1,0 +1,71 @@
+"""Held-out recall of an MQAR document against the length of a second, unqueried one placed before or after it.
+
+The note's Chapter 13: "adding a document to the prompt dilutes another".
+The second document's keys and values are disjoint from the queried
+document's (`task.distractor_pairs`, tasks/mqar.py), so a fall in recall is
+dilution, not overwriting. Softmax attention keeps every pair in its cache
+but spends a budget of one per query and head over all of them; a fixed-state
+memory evicts, by interference, decay or overwriting. Placed before, the
+distractor is older than the queried pairs (a decaying state has faded it by
+the queries); placed after, it is newer, and the queried pairs are older by
+its whole length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tasks import heldout
+from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.mqar_distance import recall_by_distance
+
+PLACES = ("before", "after")
+
+
+def most_distractor_pairs(task) -> int:
+    """The longest distractor the run's length and key vocabulary hold beside its queried pairs."""
+    kv = task.num_kv_pairs
+    return min((task.seq_len - 2 * kv * task.num_passes - 2 * kv) // 2, task.vocab // 2 - 1 - kv)
+
+
+def recall_by_distractor(model, task, pairs: list[int], chunk: int = 500) -> dict[str, list]:
+    """Held-out accuracy on `task`'s queried pairs with each number of distractor pairs, in each place."""
+    rows: dict[str, list] = {"distractor_pairs": list(pairs), "distractor_tokens": [2 * m for m in pairs]}
+    for place in PLACES:
+        rows[place] = []
+        for m in pairs:
+            diluted = dataclasses.replace(task, distractor_pairs=m, distractor_place=place)
+            rows[place].append(recall_by_distance(model, heldout(diluted), chunk)["overall_accuracy"])
+    return rows
+
+
+def dilution_figure(rows, queried: int):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.subplots()
+    for place in PLACES:
+        ax.plot(rows["distractor_tokens"], rows[place], "o-", label=f"distractor {place}")
+    ax.set(xlabel="distractor length (tokens)", ylabel="held-out accuracy", ylim=(0, 1.05),
+           title=f"recall of {queried} queried pairs beside an unqueried document")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def run(inp: ProbeInput):
+    """options.dilution.pairs: the distractor sizes in pairs (default: five steps from none to the most the
+    run's length holds)."""
+    task = inp.cfg.task
+    most = most_distractor_pairs(task)
+    pairs = [int(m) for m in inp.options.get("pairs", sorted({round(most * i / 4) for i in range(5)}))]
+    rows = recall_by_distractor(inp.model, task, pairs)
+    rows["queried_pairs"] = int(task.num_kv_pairs)
+    return rows, {"dilution": dilution_figure(rows, task.num_kv_pairs)}
+
+
+probe = Probe(
+    run=run,
+    applies=lambda cfg: None if cfg.task.name == "mqar" else f"needs an MQAR run, not {cfg.task.name!r}",
+    description="held-out recall of the queried pairs against an unqueried document's length, before or after",
+)
