@@ -7,6 +7,7 @@ import numpy as np
 
 from conftest import softmax_and_linear
 from tmem.sweeps import probe_curves
+from tmem.sweeps.gather import jobs
 
 
 def test_each_configuration_is_the_median_and_band_of_its_seeds_curves(tmp_path, capsys):
@@ -22,7 +23,7 @@ def test_each_configuration_is_the_median_and_band_of_its_seeds_curves(tmp_path,
     (sweep / "2" / "eval" / "task.num_kv_pairs=16" / "report.json").write_text('{"mqar_distance": {}}')
     out = tmp_path / "out"
     args = [str(sweep), "--eval", "task.num_kv_pairs=16", "--x", "mqar_distance.distance_low",
-            "--y", "mqar_distance.accuracy", "--name", "forgetting", "--out", str(out)]
+            "--y", "mqar_distance.accuracy", "--logx", "--name", "forgetting", "--out", str(out)]
     assert probe_curves.main(args) == 0
     with open(out / "forgetting.csv") as f:
         table = [(r["configuration"], r["x"], r["n"], float(r["median"]), float(r["min"]), float(r["max"]))
@@ -35,3 +36,6 @@ def test_each_configuration_is_the_median_and_band_of_its_seeds_curves(tmp_path,
     assert f"skipped: {sweep / '2' / 'eval' / 'task.num_kv_pairs=16' / 'report.json'}: KeyError" in \
         capsys.readouterr().err
     assert probe_curves.main(args) == 2  # kept unless --force
+    drawn = probe_curves.probe_curves(jobs([sweep]), "eval/task.num_kv_pairs=16/report.json",
+                                      "mqar_distance.distance_low", ["mqar_distance.accuracy"], logx=True)
+    assert drawn.figure.axes[0].get_xscale() == "log"
