@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tasks import MQAR, heldout
-from tmem.probes.dilution import most_distractor_pairs, recall_by_distractor
+from tmem.probes.dilution import most_distractor_pairs, pair_weight, recall_by_distractor
 
 
 def reaches(reach: int, vocab: int = 256):
@@ -40,3 +40,12 @@ def test_recall_falls_as_the_known_reach_predicts():
         expected = [(np.asarray(heldout(t).meta["distance"]) < 24).mean() for t in diluted]
         np.testing.assert_allclose(rows[place], expected)
     assert rows["after"][-1] == 0.0 < rows["before"][-1]  # 48 distractor tokens after: every pair past reach
+
+
+def test_pair_weight_is_the_best_last_layer_heads_weight_on_the_key_and_the_value_after_it():
+    A = np.zeros((2, 1, 2, 6, 6))  # [depth, B, H, T, S]
+    A[0, 0, :, 5, 2] = 1.0  # the first layer is not read
+    A[1, 0, 0, 5, [2, 3, 4]] = 0.3, 0.4, 0.3  # head 0: 0.7 on the pair (key at 2, value at 3)
+    A[1, 0, 1, 5, 0] = 1.0  # head 1 reads elsewhere
+    A[1, 0, 1, 4, [1, 2]] = 0.5  # the second query (4, key at 1): head 1 puts 1.0 on its pair
+    assert pair_weight(A, np.array([[5, 4]]), np.array([[3, 3]])) == pytest.approx((0.7 + 1.0) / 2)

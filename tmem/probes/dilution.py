@@ -8,18 +8,37 @@ but spends a budget of one per query and head over all of them; a fixed-state
 memory evicts, by interference, decay or overwriting. Placed before, the
 distractor is older than the queried pairs (a decaying state has faded it by
 the queries); placed after, it is newer, and the queried pairs are older by
-its whole length.
+its whole length. For a softmax model the probe also reads that budget: the
+weight the last layer's best head puts, from each query, on its own pair (its
+key and the value after it), against the distractor's length.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
+
+import numpy as np
 
 from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.heads import forward_with_attention
 from tmem.probes.mqar_distance import recall_by_distance
 
 PLACES = ("before", "after")
+BUDGET_EXAMPLES = 100  # sequences whose attention the budget reads: [depth, B, H, T, T] stays small
+
+
+def pair_weight(A, positions, distance) -> float:
+    """The mean over queries of the largest weight any head of the last layer puts on the query's pair.
+
+    A: [depth, B, H, T, S] attention; positions, distance: [B, Q] queries and their distances back to their keys.
+    """
+    A, positions, key = np.asarray(A[-1]), np.asarray(positions), np.asarray(positions) - np.asarray(distance)
+    b = np.arange(A.shape[0])[:, None]
+    rows = A[b, :, positions]  # [B, Q, H, S]: each query's row in every head
+    pair = np.take_along_axis(rows, key[..., None, None], -1) + np.take_along_axis(rows, key[..., None, None] + 1, -1)
+    return float(pair[..., 0].max(-1).mean())
 
 
 def most_distractor_pairs(task) -> int:
@@ -28,14 +47,21 @@ def most_distractor_pairs(task) -> int:
     return min((task.seq_len - 2 * kv * task.num_passes - 2 * kv) // 2, task.vocab // 2 - 1 - kv)
 
 
-def recall_by_distractor(model, task, pairs: list[int], chunk: int = 500) -> dict[str, list]:
-    """Held-out accuracy on `task`'s queried pairs with each number of distractor pairs, in each place."""
+def recall_by_distractor(model, task, pairs: list[int], chunk: int = 500, attention=None) -> dict[str, list]:
+    """Held-out accuracy on `task`'s queried pairs with each number of distractor pairs, in each place; given
+    `attention` (tokens -> (logits, [depth, B, H, T, S])), also each place's `<place>_pair_weight`."""
     rows: dict[str, list] = {"distractor_pairs": list(pairs), "distractor_tokens": [2 * m for m in pairs]}
     for place in PLACES:
-        rows[place] = []
+        rows[place], weights = [], []
         for m in pairs:
-            diluted = dataclasses.replace(task, distractor_pairs=m, distractor_place=place)
-            rows[place].append(recall_by_distance(model, heldout(diluted), chunk)["overall_accuracy"])
+            batch = heldout(dataclasses.replace(task, distractor_pairs=m, distractor_place=place))
+            rows[place].append(recall_by_distance(model, batch, chunk)["overall_accuracy"])
+            if attention is not None:
+                few = slice(0, BUDGET_EXAMPLES)
+                A = attention(batch.inputs[few])[1]
+                weights.append(pair_weight(A, batch.positions[few], batch.meta["distance"][few]))
+        if attention is not None:
+            rows[f"{place}_pair_weight"] = weights
     return rows
 
 
@@ -44,8 +70,11 @@ def dilution_figure(rows, queried: int):
 
     fig = Figure(figsize=(5, 3.2))
     ax = fig.subplots()
-    for place in PLACES:
-        ax.plot(rows["distractor_tokens"], rows[place], "o-", label=f"distractor {place}")
+    for i, place in enumerate(PLACES):
+        ax.plot(rows["distractor_tokens"], rows[place], "o-", color=f"C{i}", label=f"distractor {place}")
+        if f"{place}_pair_weight" in rows:
+            ax.plot(rows["distractor_tokens"], rows[f"{place}_pair_weight"], "s--", color=f"C{i}",
+                    label=f"{place}: weight on the pair")
     ax.set(xlabel="distractor length (tokens)", ylabel="held-out accuracy", ylim=(0, 1.05),
            title=f"recall of {queried} queried pairs beside an unqueried document")
     ax.legend(fontsize=8)
@@ -59,7 +88,9 @@ def run(inp: ProbeInput):
     task = inp.cfg.task
     most = most_distractor_pairs(task)
     pairs = [int(m) for m in inp.options.get("pairs", sorted({round(most * i / 4) for i in range(5)}))]
-    rows = recall_by_distractor(inp.model, task, pairs)
+    softmax = all("attention" in block.mixer.sows for block in inp.model.blocks)
+    rows = recall_by_distractor(inp.model, task, pairs, attention=partial(forward_with_attention, inp.model)
+                                if softmax else None)
     rows["queried_pairs"] = int(task.num_kv_pairs)
     return rows, {"dilution": dilution_figure(rows, task.num_kv_pairs)}
 
