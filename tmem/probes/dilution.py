@@ -75,7 +75,8 @@ def dilution_figure(rows, queried: int):
         if f"{place}_pair_weight" in rows:
             ax.plot(rows["distractor_tokens"], rows[f"{place}_pair_weight"], "s--", color=f"C{i}",
                     label=f"{place}: weight on the pair")
-    ax.set(xlabel="distractor length (tokens)", ylabel="held-out accuracy", ylim=(0, 1.05),
+    ylabel = "held-out accuracy" + (" (o); weight (s)" if f"{PLACES[0]}_pair_weight" in rows else "")
+    ax.set(xlabel="distractor length (tokens)", ylabel=ylabel, ylim=(0, 1.05),
            title=f"recall of {queried} queried pairs beside an unqueried document")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -88,7 +89,7 @@ def run(inp: ProbeInput):
     task = inp.cfg.task
     most = most_distractor_pairs(task)
     pairs = [int(m) for m in inp.options.get("pairs", sorted({round(most * i / 4) for i in range(5)}))]
-    softmax = all("attention" in block.mixer.sows for block in inp.model.blocks)
+    softmax = all(layer.name == "softmax" for layer in inp.cfg.layers)  # one [B, H, T, T] pattern a layer
     rows = recall_by_distractor(inp.model, task, pairs, attention=partial(forward_with_attention, inp.model)
                                 if softmax else None)
     rows["queried_pairs"] = int(task.num_kv_pairs)
