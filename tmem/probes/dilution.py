@@ -23,7 +23,7 @@ import numpy as np
 from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
 from tmem.probes.heads import forward_with_attention
-from tmem.probes.mqar_distance import recall_by_distance
+from tmem.probes.mqar_distance import compiled, recall_by_distance
 
 PLACES = ("before", "after")
 BUDGET_EXAMPLES = 100  # sequences whose attention the budget reads: [depth, B, H, T, T] stays small
@@ -51,11 +51,12 @@ def recall_by_distractor(model, task, pairs: list[int], chunk: int = 500, attent
     """Held-out accuracy on `task`'s queried pairs with each number of distractor pairs, in each place; given
     `attention` (tokens -> (logits, [depth, B, H, T, S])), also each place's `<place>_pair_weight`."""
     rows: dict[str, list] = {"distractor_pairs": list(pairs), "distractor_tokens": [2 * m for m in pairs]}
+    forward = compiled(model)  # every distractor length has the same shapes: one compile
     for place in PLACES:
         rows[place], weights = [], []
         for m in pairs:
             batch = heldout(dataclasses.replace(task, distractor_pairs=m, distractor_place=place))
-            rows[place].append(recall_by_distance(model, batch, chunk)["overall_accuracy"])
+            rows[place].append(recall_by_distance(model, batch, chunk, forward)["overall_accuracy"])
             if attention is not None:
                 few = slice(0, BUDGET_EXAMPLES)
                 A = attention(batch.inputs[few])[1]
