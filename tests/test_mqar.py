@@ -86,7 +86,7 @@ def test_bad_settings_name_the_field(kw, message):
         MQAR(**kw)
 
 
-@pytest.mark.parametrize("place", ["before", "after"])
+@pytest.mark.parametrize("place", [pytest.param("before", marks=pytest.mark.slow), "after"])  # 2 s each
 def test_distractor_document_is_never_queried_and_shares_no_token(place):
     """The queried pairs sit before or after m unqueried pairs whose keys and values they never share."""
     task = MQAR(num_kv_pairs=4, distractor_pairs=6, distractor_place=place)
@@ -105,6 +105,7 @@ def test_distractor_document_is_never_queried_and_shares_no_token(place):
             assert target == values[j] and p - d == start + 2 * j
 
 
+@pytest.mark.slow  # 3 s: two compiled samplers
 def test_no_distractor_draws_the_examples_it_always_drew():
     """distractor_pairs=0 leaves the generator as it was: the same tokens from the same key, either place."""
     before, after = (sample(MQAR(distractor_place=p), 16) for p in ("before", "after"))
