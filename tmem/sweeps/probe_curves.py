@@ -51,8 +51,9 @@ def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: boo
         path = Path(job.run_dir) / report
         try:
             read = json.loads(path.read_text())
-            for y in ys:
-                seeds.setdefault((name(job), y), []).append(curve(read, x, y))
+            curves = {y: curve(read, x, y) for y in ys}  # all or none: a job adds to every panel or to none
+            for y, c in curves.items():
+                seeds.setdefault((name(job), y), []).append(c)
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"skipped: {path}: {type(e).__name__}: {e}", file=sys.stderr)
     rows = []
