@@ -74,6 +74,10 @@ def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: boo
             ax.fill_between(at, [p["min"] for p in points], [p["max"] for p in points], color=color, alpha=0.2, lw=0)
         ax.set(xlabel=x, ylabel=y, xscale="log" if logx else "linear",
                title=f"{y}: median over seeds, band min to max")
+        if logx:  # the reported x values as plain ticks, not powers of ten
+            at = sorted({r["x"] for r in rows if r["y"] == y})
+            ax.set_xticks(at, [f"{v:g}" for v in at])
+            ax.minorticks_off()
         ax.title.set_fontsize(8)
     if rows:
         axes[-1].legend(fontsize=7)
