@@ -16,6 +16,12 @@ queried once, in random order, and the model must predict its value at the
 query position itself. Loss and accuracy count only those kv positions.
 With `num_passes` > 1 the context block is repeated (JRT style).
 
+With `distractor_pairs` = m > 0 a second document of m pairs, never queried,
+sits before or after the queried one (`distractor_place`); its keys and values
+are disjoint from the queried pairs', so a model that fails on it was diluted
+(its read spread over more pairs, or its state filled), not misled by an
+overwritten key (the note's Chapter 13, "Adding a document dilutes another").
+
 Sampling is pure JAX (Gumbel top-k draws without replacement), so the train
 step samples every batch on device.
 """
@@ -68,13 +74,15 @@ class MQAR(TokenTask):
     random_non_queries: bool = True
     heldout_size: int = 3000
     heldout_seed: int = 2**31 - 1
+    distractor_pairs: int = 0
+    distractor_place: str = "after"  # of the queried document: "before" or "after"
 
     name = "mqar"
     target_metric = "accuracy"  # train.target applies to eval/accuracy, higher is better
     higher_is_better = True
 
     def __post_init__(self):
-        context = 2 * self.num_kv_pairs * self.num_passes
+        context = 2 * self.num_kv_pairs * self.num_passes + 2 * self.distractor_pairs
         check(
             # no pairs, or keys never shown: the task would train to chance and report completion
             (self.num_kv_pairs >= 1, "task.num_kv_pairs must be at least 1"),
@@ -83,24 +91,32 @@ class MQAR(TokenTask):
             (self.seq_len % 2 == 0, "task.seq_len must be even"),
             (self.vocab > self.seq_len, "task.vocab must exceed task.seq_len"),
             (context + 2 * self.num_kv_pairs <= self.seq_len,
-             "task.num_kv_pairs too large: need 2*kv*num_passes + 2*kv <= seq_len"),
-            (self.num_kv_pairs <= self.vocab // 2 - 1, "task.num_kv_pairs exceeds the key vocabulary V/2 - 1"),
+             "task.num_kv_pairs too large: need 2*kv*num_passes + 2*distractor_pairs + 2*kv <= seq_len"),
+            (self.num_kv_pairs + self.distractor_pairs <= self.vocab // 2 - 1,
+             "task.num_kv_pairs + task.distractor_pairs exceeds the key vocabulary V/2 - 1"),
+            (self.distractor_pairs >= 0, "task.distractor_pairs must be at least 0"),
+            (self.distractor_place in ("before", "after"), "task.distractor_place must be 'before' or 'after'"),
             (0 < self.power_a <= 1, "task.power_a must be in (0, 1]"),
         )
 
     def _example(self, key: jax.Array) -> Batch:
-        kv, T, V = self.num_kv_pairs, self.seq_len, self.vocab
+        kv, m, T, V = self.num_kv_pairs, self.distractor_pairs, self.seq_len, self.vocab
         k_keys, k_values, k_gaps, k_fill = jax.random.split(key, 4)
-        keys = distinct(k_keys, 1, V // 2, kv)
-        values = distinct(k_values, V // 2, V, kv)
-        context = jnp.tile(jnp.stack([keys, values], -1).reshape(-1), self.num_passes)
+        keys = distinct(k_keys, 1, V // 2, kv + m)  # the distractor's keys and values: the last m, disjoint
+        values = distinct(k_values, V // 2, V, kv + m)
+        pairs = jnp.stack([keys, values], -1).reshape(-1)
+        queried, distractor = jnp.tile(pairs[:2 * kv], self.num_passes), pairs[2 * kv:]
+        before = self.distractor_place == "before"
+        context = jnp.concatenate([distractor, queried] if before else [queried, distractor])
+        keys, values = keys[:kv], values[:kv]
         C = context.shape[0]
+        end = C if before else C - 2 * m  # where the queried document ends
 
         query_pos = query_positions(k_gaps, C, T, kv, self.power_a)
         inputs = recall_sequence(k_fill, context, query_pos, keys, T, V, self.random_non_queries)
 
         # Distance from the query back to the last copy of its key.
-        key_pos = C - 2 * kv + 2 * jnp.arange(kv)
+        key_pos = end - 2 * kv + 2 * jnp.arange(kv)
         return Batch(
             inputs=inputs,
             targets=values.astype(jnp.int32),

@@ -79,7 +79,37 @@ def test_heldout_is_fixed_and_differs_from_training_batches():
 @pytest.mark.parametrize("kw, message", [
     (dict(seq_len=63), "even"), (dict(vocab=64, seq_len=64), "exceed"),
     (dict(num_kv_pairs=17), "too large"), (dict(power_a=0.0), "power_a"),
+    (dict(num_kv_pairs=4, distractor_pairs=25), "too large"), (dict(distractor_place="middle"), "distractor_place"),
 ])
 def test_bad_settings_name_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         MQAR(**kw)
+
+
+@pytest.mark.parametrize("place", [pytest.param("before", marks=pytest.mark.slow), "after"])  # 2 s each
+def test_distractor_document_is_never_queried_and_shares_no_token(place):
+    """The queried pairs sit before or after m unqueried pairs whose keys and values they never share."""
+    task = MQAR(num_kv_pairs=4, distractor_pairs=6, distractor_place=place)
+    kv, m = 4, 6
+    b = sample(task, 64)
+    start = 2 * m if place == "before" else 0  # where the queried document begins
+    other = 0 if place == "before" else 2 * kv
+    for x, pos, y, dist in zip(b.inputs, b.positions, b.targets, b.meta["distance"]):
+        keys, values = x[start:start + 2 * kv:2], x[start + 1:start + 2 * kv:2]
+        d_keys, d_values = x[other:other + 2 * m:2], x[other + 1:other + 2 * m:2]
+        assert ((1 <= d_keys) & (d_keys < task.vocab // 2)).all() and len(set(d_keys)) == m
+        assert not set(d_keys) & set(keys) and not set(d_values) & set(values)
+        assert (pos >= 2 * (kv + m)).all() and sorted(x[pos]) == sorted(keys)
+        for p, target, d in zip(pos, y, dist):
+            j = list(keys).index(x[p])
+            assert target == values[j] and p - d == start + 2 * j
+
+
+@pytest.mark.slow  # 3 s: two compiled samplers
+def test_no_distractor_draws_the_examples_it_always_drew():
+    """distractor_pairs=0 leaves the generator as it was: the same tokens from the same key, either place."""
+    before, after = (sample(MQAR(distractor_place=p), 16) for p in ("before", "after"))
+    np.testing.assert_array_equal(before.inputs, after.inputs)
+    np.testing.assert_array_equal(after.inputs[:3, :8], [[16, 189, 110, 214, 19, 213, 70, 177],
+                                                        [68, 148, 42, 239, 88, 241, 50, 135],
+                                                        [57, 251, 46, 206, 64, 246, 37, 213]])

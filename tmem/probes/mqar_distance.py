@@ -17,10 +17,15 @@ from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
 
 
-def recall_by_distance(model, batch, chunk: int = 500) -> dict[str, list]:
-    """Accuracy and loss per power-of-two distance bin [2^k, 2^(k+1))."""
+def compiled(model):
+    """The model's forward at given positions, compiled once for every batch of one shape."""
+    return jax.jit(lambda x, p: model(x, positions=p))
+
+
+def recall_by_distance(model, batch, chunk: int = 500, forward=None) -> dict[str, list]:
+    """Accuracy and loss per power-of-two distance bin [2^k, 2^(k+1)); `forward`: `compiled(model)`, to reuse."""
     correct, loss = [], []
-    forward = jax.jit(lambda x, p: model(x, positions=p))
+    forward = forward or compiled(model)
     for i in range(0, batch.inputs.shape[0], chunk):
         logits = forward(batch.inputs[i:i + chunk], batch.positions[i:i + chunk])
         targets = batch.targets[i:i + chunk]

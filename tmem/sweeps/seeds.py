@@ -148,8 +148,9 @@ def band(curves: list[dict[int, float]]) -> list[dict[str, float]]:
 
 
 def label(config: dict[str, Any], keys: list[str]) -> str:
-    """A configuration's name in a figure or table: its values of the keys that vary (`mixer=linear`)."""
-    return " ".join(f"{k}={config.get(k, '')}" for k in keys) or "all"
+    """A configuration's name in a figure or table: its values of the keys that vary (`mixer=linear`), leaving out
+    the keys it does not set (one sweep's `model.positions=rope` does not name every other sweep's rows)."""
+    return " ".join(f"{k}={config[k]}" for k in keys if config.get(k) not in (None, "")) or "all"
 
 
 def varying(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
