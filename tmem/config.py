@@ -192,6 +192,31 @@ def saved_form(cfg: DictConfig) -> dict:
     return resolved
 
 
+def with_new_fields(saved: dict) -> dict:
+    """A saved config (plain values, today's names) with each field added to its group since the run was saved
+    set to today's default: a new field's default keeps the behaviour from before it existed (MQAR's
+    distractor_pairs=0 makes the examples it made before), so an old run resumes and restores as it trained."""
+    out = {section: dict(node) if isinstance(node, dict) else node for section, node in saved.items()}
+    schemas = {**_FIXED, "cluster": ClusterConfig}
+    for section, node in out.items():
+        if not isinstance(node, dict):
+            continue
+        try:
+            schema = (schemas.get(section) or {"task": lambda: TASKS[node["name"]], "mlp": lambda: MLP_CONFIGS[
+                node["name"]], "mixer": lambda: config_type(node)}.get(section, lambda: None)())
+        except (KeyError, ValueError):  # a group this code does not know: validation names it
+            continue
+        for f in dataclasses.fields(schema) if schema else ():
+            if f.name in node or f.name == "mixers":
+                continue
+            if f.default is not dataclasses.MISSING:
+                node[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+                node[f.name] = plain(default) if dataclasses.is_dataclass(default) else default
+    return out
+
+
 def _fitted(section: str, node: Any, task, width: int) -> MixerConfig:
     """A mixer's node (migrated: a YAML of a researcher's own may hold names from before the split) parsed into
     its row's config and fitted to the task and width; its errors name `section`."""

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from tmem.command import check_group_overrides, compose_command, overrides_of
-from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate
+from tmem.config import CONFIG_DIR, ConfigError, saved_form, validate, with_new_fields
 from tmem.mixers import config_type
 from tmem.mixers.base import resumable_fields
 from tmem.mixers.migrate import migrate_config
@@ -231,15 +231,17 @@ def lock(run_dir: Path) -> None:
 
 def saved_config(run_dir: Path) -> dict | None:
     """The resolved config a run saved: with its newest readable checkpoint, else Hydra's record of its start;
-    in today's field names (tmem.mixers.migrate: a run saved before its row's recipe and run were parts)."""
+    in today's field names (tmem.mixers.migrate: a run saved before its row's recipe and run were parts), with
+    the fields added since at their defaults (tmem.config.with_new_fields)."""
     from tmem.train.checkpoint import Checkpoints  # orbax loads slowly; only a resume needs it
 
     saved = Checkpoints(Path(run_dir) / "checkpoints").config()
     record = Path(run_dir) / ".hydra" / "config.yaml"
     if saved is None and record.is_file():
         # a hybrid's entries written out as a checkpoint holds them
-        return saved_form(OmegaConf.create(migrate_config(OmegaConf.to_container(OmegaConf.load(record)))))
-    return None if saved is None else migrate_config(saved)
+        return with_new_fields(saved_form(OmegaConf.create(migrate_config(OmegaConf.to_container(
+            OmegaConf.load(record))))))
+    return None if saved is None else with_new_fields(migrate_config(saved))
 
 
 def check_resume(run_dir: Path, resolved: dict) -> None:
