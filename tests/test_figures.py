@@ -88,6 +88,7 @@ def test_state_size_against_accuracy_and_the_commands_checks(sweep, tmp_path, ca
     assert figures.main(["state", str(sweep), "--out", str(out), "--force"]) == 0
 
 
+@pytest.mark.slow  # draws and writes a figure: 3 to 9 s on the loaded 2-core machine
 def test_a_probes_curve_from_the_eval_reports_over_seeds(sweep, tmp_path, capsys):
     import json
 

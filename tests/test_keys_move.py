@@ -16,6 +16,7 @@ from tmem.probes.keys_move import _step, advantage_queries, alignment, logit_gra
 V = 32  # the vocabulary, at most the width, so the token codes can be orthonormal
 
 
+@pytest.mark.slow  # two compiled programs: about 3 s here
 def test_logit_gradients_are_the_softmax_chain_rule():
     # L = g . o with o = sum_s softmax(l)_s v_s: the note's a_s (v_s - o) . g against jax.grad, grouped heads too
     B, H, G, T, d = 2, 4, 2, 5, 3

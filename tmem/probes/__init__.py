@@ -1,7 +1,7 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
 from tmem.probes import capacity, gd_match, induction, keys_move, many_edits, memory_state, mqar_distance, rank_one_edit
-from tmem.probes import heldout
+from tmem.probes import heldout, rephrasing
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
@@ -13,6 +13,7 @@ PROBES: dict[str, Probe] = {
     "rank_one_edit": rank_one_edit.probe,
     "many_edits": many_edits.probe,
     "keys_move": keys_move.probe,
+    "rephrasing": rephrasing.probe,
     "memory_state": memory_state.probe,
 }
 
