@@ -30,6 +30,7 @@ functions (`learning_curves`, `steps_to_target`, `state_size`) on
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -104,8 +105,6 @@ def report_curves(found: list[Job], fields: str) -> Drawn:
     """A probe's curve from the jobs' eval reports: `fields` names report fields with a `*` where the curve's x
     stands (`keys_move.steps.*.layer1.cos`: the value at each checkpoint), several comma-separated; each
     configuration's median over seeds and min-max band per field (x in the CSV's `step` column)."""
-    import re
-
     patterns = {f: re.compile("report\\." + re.escape(f).replace("\\*", "(.+?)") + "$") for f in fields.split(",")}
     name, configurations = _names(found), len(fold_seeds(found).rows)
     shared = os.path.commonprefix(list(patterns)).rsplit("*", 1)[0] if len(patterns) > 1 else ""
