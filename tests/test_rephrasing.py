@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tmem.probes.rephrasing import crossing, moved_codes, recall_under_noise, widths
+from tmem.probes.rephrasing import crossing, moved_codes, nearest_code, recall_under_noise, widths
 
 RADII = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0]
 
@@ -43,3 +43,13 @@ def test_widths_and_crossing_read_a_falling_curve():
     np.testing.assert_array_equal(widths(per_fact, radii), [2.0, 0.0, 1.0])  # fact 2 fails at 2, held again at 3
     assert crossing(np.array([1.0, 0.8, 0.4, 0.0]), radii) == pytest.approx(1.75)
     assert crossing(np.array([1.0, 0.9, 0.8, 0.7]), radii) is None
+
+
+def test_the_nearest_code_reference_owns_each_facts_voronoi_cell():
+    # two codes e and -e on a line: a move of r |e| leaves e's cell only toward -e and only past r = 1
+    codes = jnp.array([[2.0], [-2.0]])
+    per_fact = recall_under_noise(nearest_code(codes, [7, 9]), codes, [7, 9], [0.0, 0.5, 0.99, 1.01, 3.0], 64,
+                                  jax.random.key(3))
+    np.testing.assert_array_equal(per_fact[:3], 1.0)
+    assert np.all((per_fact[3:] > 0.25) & (per_fact[3:] < 0.75))  # about half the draws point the other way
+    np.testing.assert_array_equal(per_fact[3], per_fact[4])  # and every one of those crosses

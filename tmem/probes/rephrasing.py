@@ -18,7 +18,9 @@ linear between grid points), `width` (per fact, the largest grid radius up
 to which at least half its draws are recalled; median and 10th/90th
 percentiles over the stored facts), and for scale `nearest_key` (median over
 facts of the nearest other key code's distance, relative to |e_k|: random
-codes at width d sit near sqrt 2 apart). With biases, `bias_in` is the mean
+codes at width d sit near sqrt 2 apart) and `nearest_code`, the same draws
+read by the nearest key code (recall and r50): the widest regions these
+codes allow, each fact owning its whole Voronoi cell. With biases, `bias_in` is the mean
 of W_in's bias (negative: keys fire only on queries closer than a threshold).
 """
 
@@ -72,6 +74,19 @@ def crossing(curve: np.ndarray, radii, level: float = 0.5) -> float | None:
     return float(radii[i - 1] + t * (radii[i] - radii[i - 1]))
 
 
+def nearest_code(codes, values):
+    """The widest regions these codes allow: [M, d] -> the value of the nearest code (each fact owns its whole
+    Voronoi cell, shared with its neighbours of the same value)."""
+    values = jnp.asarray(values)
+
+    @jax.jit
+    def predict(x_md):
+        d2 = jnp.sum(x_md**2, -1)[:, None] - 2 * x_md @ codes.T + jnp.sum(codes**2, -1)[None]
+        return values[jnp.argmin(d2, -1)]
+
+    return predict
+
+
 def run(inp: ProbeInput):
     o = {**DEFAULTS, **inp.options}
     radii = [float(r) for r in o["radii"]]
@@ -87,32 +102,38 @@ def run(inp: ProbeInput):
 
     stored = np.asarray(predict(codes)) == values
     key = inp.key if inp.key is not None else jax.random.key(0)
-    per_fact = recall_under_noise(predict, codes[stored], values[stored], radii, int(o["draws"]), key)
-    curve = per_fact.mean(1)
+    draws = int(o["draws"])
+    per_fact = recall_under_noise(predict, codes[stored], values[stored], radii, draws, key)
+    # the same draws read by the nearest code: how far the regions could reach with these codes
+    reference = recall_under_noise(nearest_code(codes, values), codes[stored], values[stored], radii, draws, key)
+    curve, ref_curve = per_fact.mean(1), reference.mean(1)
     w = widths(per_fact, radii)
     c = np.asarray(codes)
     dist = np.linalg.norm(c[:, None] - c[None], axis=-1) / np.linalg.norm(c, axis=-1)[:, None]
     dist[facts, facts] = np.inf
     metrics = {
-        "facts": int(F), "stored": int(stored.sum()), "draws": int(o["draws"]),
+        "facts": int(F), "stored": int(stored.sum()), "draws": draws,
         "recall": {f"{r:g}": float(v) for r, v in zip(radii, curve)},
         "r50": crossing(curve, radii),
         "width": {"median": float(np.median(w)), "p10": float(np.percentile(w, 10)),
                   "p90": float(np.percentile(w, 90))} if len(w) else None,
         "nearest_key": float(np.median(dist.min(1))),
+        "nearest_code": {"recall": {f"{r:g}": float(v) for r, v in zip(radii, ref_curve)},
+                         "r50": crossing(ref_curve, radii)},
     }
     mlp = model.blocks[0].mlp
     if getattr(getattr(mlp, "w_in", None), "bias", None) is not None:
         metrics["bias_in"] = float(jnp.mean(mlp.w_in.bias[...]))
-    return metrics, {"rephrasing": _figure(radii, curve, metrics)}
+    return metrics, {"rephrasing": _figure(radii, curve, ref_curve, metrics)}
 
 
-def _figure(radii, curve, metrics):
+def _figure(radii, curve, ref_curve, metrics):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(4.6, 3.2))
     ax = fig.subplots()
-    ax.plot(radii, curve, "o-", ms=3)
+    ax.plot(radii, curve, "o-", ms=3, label="the model")
+    ax.plot(radii, ref_curve, "s--", ms=3, label="nearest code")
     ax.axvline(metrics["nearest_key"], color="gray", ls=":", label="nearest other key")
     ax.set(xlabel="noise norm / key code norm", ylabel="stored facts recalled", ylim=(-0.02, 1.02),
            title=f"{metrics['stored']} stored facts, {metrics['draws']} directions each")

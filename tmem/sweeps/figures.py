@@ -116,8 +116,7 @@ def report_curves(found: list[Job], fields: str) -> Drawn:
             if points:  # named by what differs: the configuration, the field's part after the shared prefix
                 parts = [name(job)] * (configurations > 1) + [field[len(shared):].lstrip("*.")] * (len(patterns) > 1)
                 curves.setdefault(" ".join(parts) or name(job), []).append(points)
-    section = next(iter(patterns)).split("*")[0].rstrip(".").rsplit(".", 1)[-1]  # what the x's are keys of
-    return _bands(curves, section, fields if len(patterns) == 1 else shared.rstrip("*."),
+    return _bands(curves, f"x: the * of {next(iter(patterns))}", fields if len(patterns) == 1 else shared.rstrip("*."),
                   "median over seeds, band min to max")
 
 
