@@ -20,8 +20,9 @@ percentiles over the stored facts), and for scale `nearest_key` (median over
 facts of the nearest other key code's distance, relative to |e_k|: random
 codes at width d sit near sqrt 2 apart) and `nearest_code`, the same draws
 read by the nearest key code (recall and r50): the widest regions these
-codes allow, each fact owning its whole Voronoi cell. With biases, `bias_in` is the mean
-of W_in's bias (negative: keys fire only on queries closer than a threshold).
+codes allow, each fact owning its whole Voronoi cell. With biases,
+`bias_in` is the mean of the first block's W_in bias (negative: keys fire
+only on queries closer than a threshold).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def run(inp: ProbeInput):
         return jnp.argmax(model.forward_codes(x_md[:, None, :])[0][:, 0, F:], -1)
 
     stored = np.asarray(predict(codes)) == values
+    if not stored.any():
+        return {"facts": int(F), "stored": 0, "why": "no fact is stored: nothing to rephrase"}, {}
     key = inp.key if inp.key is not None else jax.random.key(0)
     draws = int(o["draws"])
     per_fact = recall_under_noise(predict, codes[stored], values[stored], radii, draws, key)
@@ -116,7 +119,7 @@ def run(inp: ProbeInput):
         "recall": {f"{r:g}": float(v) for r, v in zip(radii, curve)},
         "r50": crossing(curve, radii),
         "width": {"median": float(np.median(w)), "p10": float(np.percentile(w, 10)),
-                  "p90": float(np.percentile(w, 90))} if len(w) else None,
+                  "p90": float(np.percentile(w, 90))},
         "nearest_key": float(np.median(dist.min(1))),
         "nearest_code": {"recall": {f"{r:g}": float(v) for r, v in zip(radii, ref_curve)},
                          "r50": crossing(ref_curve, radii)},
@@ -148,8 +151,6 @@ def applies(cfg) -> str | None:
         return f"needs a memorize run, not {cfg.task.name!r}"
     if others := mixers_without(cfg, lambda m: not m.mixes):
         return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
-    if cfg.model.depth != 1:
-        return "reads the one-block memorize model (model.depth=1)"
     return None
 
 
