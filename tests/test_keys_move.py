@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import TINY, compose_config
 from tasks.base import Batch
 from tmem.model import build_model
 from tmem.probes import keys_move
@@ -49,7 +50,6 @@ def free_keys():
     """A one-layer attention-only model over fixed orthonormal token codes (no norms, no positions): a key is
     W_K^T e_token, so one gradient step moves it by -dL/dk summed over the keys of the same token."""
     from tmem.config import validate
-    from tests.conftest import TINY, compose_config
 
     cfg = validate(compose_config([*TINY, "task.vocab=32", "model.width=32", "model.depth=1", "model.norm=none",
                                    "model.positions=none", "mlp=none", "model.train_embeddings=false",
