@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tmem.probes.base import Probe, ProbeInput, mixers_without
+from tmem.probes.base import Probe, ProbeInput, memorize_alone
 
 # fine where the trained models' regions end (a third of the code's norm), coarse out to beyond the nearest key
 DEFAULTS = {"radii": [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0], "draws": 16}
@@ -146,13 +146,5 @@ def _figure(radii, curve, ref_curve, metrics):
     return fig
 
 
-def applies(cfg) -> str | None:
-    if cfg.task.name != "memorize":
-        return f"needs a memorize run, not {cfg.task.name!r}"
-    if others := mixers_without(cfg, lambda m: not m.mixes):
-        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
-    return None
-
-
-probe = Probe(run=run, applies=applies,
+probe = Probe(run=run, applies=memorize_alone,
               description="recall of stored facts against noise on the key's code: each fact's response region")
