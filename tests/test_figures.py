@@ -82,7 +82,25 @@ def test_state_size_against_accuracy_and_the_commands_checks(sweep, tmp_path, ca
     files = "state_size.csv, state_size.png, state_size.svg"
     assert err[0] == f"error: {out} already holds {files}; add --force to overwrite"
     assert err[1] == f"error: --out {out / 'state_size.csv'} is a file; name a folder for {files}"
-    assert err[2] == ("error: 'curve' is not a figure; name one of: curves, steps, state "
+    assert err[2] == ("error: 'curve' is not a figure; name one of: curves, steps, state, report "
                       "(python -m tmem.sweeps.figures curves DIR)")
     assert err[3] == f"error: no such directory: {tmp_path / 'none'}" and err[4].startswith("error: no finished runs")
     assert figures.main(["state", str(sweep), "--out", str(out), "--force"]) == 0
+
+
+@pytest.mark.slow  # draws and writes a figure: 3 to 9 s on the loaded 2-core machine
+def test_a_probes_curve_from_the_eval_reports_over_seeds(sweep, tmp_path, capsys):
+    import json
+
+    for job, (a, b) in enumerate([(0.1, 0.5), (0.3, 0.7), (0.2, 0.6), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)]):
+        (sweep / str(job) / "eval").mkdir()
+        (sweep / str(job) / "eval" / "report.json").write_text(json.dumps(
+            {"step": 100, "rephrasing": {"recall": {"0": 1.0, "0.5": a + b, "1.5": a}, "r50": b}}))
+    assert figures.main(["report", str(sweep), "--out", str(tmp_path / "out"),
+                         "--metric", "rephrasing.recall.*"]) == 0
+    table = drawn(tmp_path / "out", "report_curves")
+    assert [(r["configuration"], r["step"], r["median"], r["min"], r["max"]) for r in table[:3]] == [
+        ("mixer=softmax", "0.0", "1.0", "1.0", "1.0"), ("mixer=softmax", "0.5", "0.8", "0.6", "1.0"),
+        ("mixer=softmax", "1.5", "0.2", "0.1", "0.3")]  # the radius keys, dots and all, read as numbers
+    assert figures.main(["report", str(sweep), "--out", str(tmp_path / "out2")]) == 2
+    assert "report needs --metric" in capsys.readouterr().err

@@ -168,3 +168,25 @@ def test_a_real_three_seed_sweep_of_two_rows_folds_to_its_jobs_numbers(tmp_path,
         assert row["target_step:max"] == (max(steps) if None not in steps else AtLeast(10))
     assert table.main([str(sweep)]) == 0
     assert "| mixer | n | reached | steps to 0.1 |" in capsys.readouterr().out
+
+
+def test_a_probes_report_folds_over_seeds_beside_the_training_summary(tmp_path, capsys):
+    for seed, cos in enumerate([0.2, 0.1, 0.3]):
+        job = fake_job(tmp_path / str(seed), ["mixer=softmax", f"train.seed={seed}"], **TARGET)
+        (job / "eval").mkdir()
+        (job / "eval" / "report.json").write_text(json.dumps({
+            "run": str(job), "step": 600, "task_overrides": {}, "task": {"name": "repeat"}, "figures": {},
+            "keys_move": {"final": {"layer0": {"cos": cos}}, "steps": {"50": {"layer0": {"cos": cos / 2}}},
+                          "per_head": [cos]}}))
+    fake_job(tmp_path / "3", ["mixer=linear", "train.seed=0"], **TARGET)  # never evaluated: no report fields
+    rows = {r["mixer"]: r for r in gather.fold_seeds(gather.jobs([tmp_path])).rows}
+    s = rows["softmax"]
+    assert (s["report.keys_move.final.layer0.cos:median"], s["report.keys_move.final.layer0.cos:min"],
+            s["report.keys_move.final.layer0.cos:max"]) == (0.2, 0.1, 0.3)
+    assert s["report.keys_move.steps.50.layer0.cos:median"] == 0.1 and s["report.step:median"] == 600
+    assert not any(k.startswith(("report.run", "report.task", "report.figures", "report.keys_move.per_head"))
+                   for k in s)
+    assert rows["linear"].get("report.step:median") is None
+    (tmp_path / "1" / "eval" / "report.json").write_text('{"step": 6')  # cut short: that job is named and skipped
+    assert len(gather.jobs([tmp_path])) == 3
+    assert "1/eval/report.json: not JSON" in capsys.readouterr().err

@@ -38,7 +38,12 @@ class LM(Backbone):
 
     def forward(self, tokens_bt, *, positions=None, head_mask=None, states=None):
         """Logits and the final mixer state of every block application (see Backbone.stack)."""
-        x, states = self.stack(self.embed(tokens_bt), states=states, head_mask=head_mask, read_at=positions)
+        return self.forward_codes(self.embed(tokens_bt), positions=positions, head_mask=head_mask, states=states)
+
+    def forward_codes(self, x_btd, *, positions=None, head_mask=None, states=None):
+        """`forward` from the tokens' codes (embedding rows) [B, T, D]: a probe can move a token's code off its
+        row, a rephrased query (tmem.probes.rephrasing)."""
+        x, states = self.stack(x_btd, states=states, head_mask=head_mask, read_at=positions)
         x = self.norm(x)
         return (self.embed.attend(x) if self.unembed is None else self.unembed(x)), states
 

@@ -99,6 +99,12 @@ class SoftmaxConfig(MixerConfig):
             return None
         return dataclasses.replace(self, heads=heads)
 
+    def beta(self, d_head: int) -> float:
+        """The logits' scale: the temperature, else 1/sqrt(d_head), or sqrt(d_head) for unit (l2) q and k."""
+        if self.temperature is not None:
+            return self.temperature
+        return d_head**0.5 if self.qk_norm == "l2" else d_head**-0.5
+
     def kv_width(self, width: int) -> int:
         """Key (and value) width over all key-value heads."""
         return (self.kv_heads or self.heads) * (width // self.heads)
@@ -185,7 +191,10 @@ class SoftmaxAttention(Mixer):
     one. Per-head attention weights are sown as the `attention` intermediate.
     """
 
-    sows = frozenset({"attention"})
+    # with the weights, what the keys_move probe reads off the plain read: the queries, keys and values the
+    # weights were formed from ([B, T, H or kv heads, d], rotated and normed as read), and the gradient of the
+    # loss at each head's read (the `read` perturbation, nnx.Perturbation: zero unless a probe captures it)
+    sows = frozenset({"attention", "queries", "keys", "values"})
 
     def __init__(self, cfg: SoftmaxConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         self.cfg, self.rope = cfg, rope
@@ -248,7 +257,7 @@ class SoftmaxAttention(Mixer):
             n = visible_keys(q_pos, cfg.window)
             scale = (_per_query(logn_scale(n, cfg.train_length), heads=False) if cfg.length_scale == "logn"
                      else _per_query(ssmax_scale(n, self.ssmax_scale[...]), heads=True))
-        beta = cfg.temperature if cfg.temperature is not None else d**0.5 if cfg.qk_norm == "l2" else d**-0.5
+        beta = cfg.beta(d)
         if self._fused(state, read_at):
             o_bthd = fused_read(q, k, v, beta, window=cfg.window,
                                 q_scale=None if scale is None else jnp.moveaxis(scale, 1, 2))
@@ -256,6 +265,9 @@ class SoftmaxAttention(Mixer):
             o_bthd, weights = softmax_read(q, k, v, mask, beta, scale=scale,
                                            sink_h=self.sinks[...] if cfg.sinks else None)
             self.sow(nnx.Intermediate, "attention", weights, capture_noop=True)
+            for name, value in (("queries", q), ("keys", k), ("values", v)):
+                self.sow(nnx.Intermediate, name, value, capture_noop=True)
+            o_bthd = self.perturb("read", o_bthd, capture_noop=True)
         if cfg.output_gate:
             gate = GATE_ACTIVATIONS[cfg.gate_activation](self.gate(at_positions(x_btd, read_at)))
             o_bthd = o_bthd * gate.reshape(o_bthd.shape)

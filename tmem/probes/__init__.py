@@ -1,7 +1,7 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
-from tmem.probes import capacity, gd_match, induction, many_edits, memory_state, mqar_distance, rank_one_edit
-from tmem.probes import dilution, heldout
+from tmem.probes import capacity, gd_match, induction, keys_move, many_edits, memory_state, mqar_distance, rank_one_edit
+from tmem.probes import dilution, heldout, rephrasing
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
@@ -12,6 +12,8 @@ PROBES: dict[str, Probe] = {
     "capacity": capacity.probe,
     "rank_one_edit": rank_one_edit.probe,
     "many_edits": many_edits.probe,
+    "keys_move": keys_move.probe,
+    "rephrasing": rephrasing.probe,
     "memory_state": memory_state.probe,
     "dilution": dilution.probe,
 }

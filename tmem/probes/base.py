@@ -46,3 +46,13 @@ def mixers_without(cfg, has: Callable[[Any], bool]) -> str | None:
     hybrid's), else None: a probe that reads one kind of layer in every layer names what it cannot read."""
     others = [layer.name for layer in cfg.layers if not has(layer)]
     return "+".join(dict.fromkeys(others)) if others else None
+
+
+def memorize_alone(cfg) -> str | None:
+    """Why a run is not the slow memory alone (a memorize task read by a model without a mixer, so each fact
+    reads its own token), or None: what the probes of stored facts need."""
+    if cfg.task.name != "memorize":
+        return f"needs a memorize run, not {cfg.task.name!r}"
+    if others := mixers_without(cfg, lambda m: not m.mixes):
+        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
+    return None

@@ -31,7 +31,7 @@ from flax import nnx
 from tasks import heldout
 from tmem.memory.stores import rank_one_edit
 from tmem.mlps import DenseConfig
-from tmem.probes.base import Probe, ProbeInput, mixers_without
+from tmem.probes.base import Probe, ProbeInput, memorize_alone
 
 DEFAULTS = {"edits": 32, "ridge": 1e-6, "steps": 2000, "lr": 0.05, "p_new": 0.6}
 
@@ -173,15 +173,11 @@ def _figure(metrics, rows):
 
 
 def applies(cfg) -> str | None:
-    if cfg.task.name != "memorize":
-        return f"needs a memorize run, not {cfg.task.name!r}"
-    if cfg.mlp.name == "none":
+    if cfg.task.name == "memorize" and cfg.mlp.name == "none":
         return "the model has no MLP to edit"
-    if not isinstance(cfg.mlp, DenseConfig):
+    if cfg.task.name == "memorize" and not isinstance(cfg.mlp, DenseConfig):
         return f"edits a dense MLP's output matrix; mlp={cfg.mlp.name} has none"
-    if others := mixers_without(cfg, lambda m: not m.mixes):
-        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
-    return None
+    return memorize_alone(cfg)
 
 
 probe = Probe(run=run, applies=applies,

@@ -4,6 +4,7 @@ plotted numbers.
     python -m tmem.sweeps.figures curves DIR [more dirs] [--metric eval/accuracy] [--out FOLDER] [--force]
     python -m tmem.sweeps.figures steps DIR ...      # steps to the target per configuration, every seed
     python -m tmem.sweeps.figures state DIR ...      # state size against the target metric
+    python -m tmem.sweeps.figures report DIR ... --metric 'keys_move.steps.*.layer1.cos'   # a probe's curve
 
 A configuration is a job's overrides less train.seed (tmem.sweeps.gather
 --seeds), named in the figures by the overrides that differ between
@@ -15,7 +16,10 @@ that never reached the target is drawn at its budget as an open triangle,
 and a median such a seed reaches is a lower bound, dashed
 (steps_to_target.*). `state`: the median of the target metric (or
 --metric) against the state size, min to max as a bar, a line per value of
-the first differing override (state_size.*). Zoology's figure 2 is
+the first differing override (state_size.*). `report`: a probe's curve from
+each job's eval report (`python eval.py run=<job> ...` first), the fields
+--metric names with `*` for the x (comma-separated for several), median and
+min-max band over seeds (report_curves.*). Zoology's figure 2 is
 `python -m tmem.sweeps.recall_curves`.
 
 The figures are bare matplotlib Figures, so notebooks call the same
@@ -25,6 +29,8 @@ functions (`learning_curves`, `steps_to_target`, `state_size`) on
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -58,8 +64,6 @@ def learning_curves(found: list[Job], metric: str | None = None) -> Drawn:
     Jobs whose metrics.jsonl is damaged are named on stderr and left out;
     jobs without one (runs from before it was written) add no curve.
     """
-    from matplotlib.figure import Figure
-
     metric, name = _metric(found, metric), _names(found)
     read = dict(runs.read_each([Path(j.run_dir) for j in found], lambda d: (str(d), runs.metrics(d))))
     without = sum(not lines for lines in read.values())
@@ -70,6 +74,13 @@ def learning_curves(found: list[Job], metric: str | None = None) -> Drawn:
     for job in found:
         if read.get(job.run_dir):
             curves.setdefault(name(job), []).append(runs.curve(read[job.run_dir], metric))
+    return _bands(curves, "step", metric, f"{metric}: median over seeds, band min to max")
+
+
+def _bands(curves: dict[str, list[dict[float, float]]], xlabel: str, ylabel: str, title: str) -> Drawn:
+    """Each named list of seeds' curves (x -> value) as its median line and min-max band, at the x every seed has."""
+    from matplotlib.figure import Figure
+
     rows = [{"configuration": n, **point} for n, cs in curves.items() for point in band(cs)]
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
@@ -82,12 +93,39 @@ def learning_curves(found: list[Job], metric: str | None = None) -> Drawn:
         ax.plot(steps, [p["median"] for p in points], color=colors[n], label=f"{n} (n={points[0]['n']})")
         ax.fill_between(steps, [p["min"] for p in points], [p["max"] for p in points], color=colors[n], alpha=0.2,
                         lw=0)
-    ax.set(xlabel="step", ylabel=metric, title=f"{metric}: median over seeds, band min to max")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.title.set_fontsize(9)
     if rows:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return Drawn(rows, ["configuration", "step", "n", "median", "min", "max"], fig)
+
+
+def report_curves(found: list[Job], fields: str) -> Drawn:
+    """A probe's curve from the jobs' eval reports: `fields` names report fields with a `*` where the curve's x
+    stands (`keys_move.steps.*.layer1.cos`: the value at each checkpoint), several comma-separated; each
+    configuration's median over seeds and min-max band per field (x in the CSV's `step` column)."""
+    patterns = {f: re.compile("report\\." + re.escape(f).replace("\\*", "(.+?)") + "$") for f in fields.split(",")}
+    name, configurations = _names(found), len(fold_seeds(found).rows)
+    shared = os.path.commonprefix(list(patterns)).rsplit("*", 1)[0] if len(patterns) > 1 else ""
+    curves: dict[str, list[dict[float, float]]] = {}
+    for job in found:
+        for field, pattern in patterns.items():
+            points = {float(m.group(1)): float(v) for k, v in job.fields.items()
+                      if (m := pattern.match(k)) and _number(m.group(1)) and isinstance(v, (int, float))}
+            if points:  # named by what differs: the configuration, the field's part after the shared prefix
+                parts = [name(job)] * (configurations > 1) + [field[len(shared):].lstrip("*.")] * (len(patterns) > 1)
+                curves.setdefault(" ".join(parts) or name(job), []).append(points)
+    return _bands(curves, f"x: the * of {next(iter(patterns))}", fields if len(patterns) == 1 else shared.rstrip("*."),
+                  "median over seeds, band min to max")
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def steps_to_target(found: list[Job]) -> Drawn:
@@ -159,7 +197,8 @@ def state_size(found: list[Job], metric: str | None = None) -> Drawn:
 
 
 FIGURES = {"curves": ("learning_curves", learning_curves, True), "steps": ("steps_to_target", steps_to_target, False),
-           "state": ("state_size", state_size, True)}  # command -> (file name, figure, takes --metric)
+           "state": ("state_size", state_size, True),
+           "report": ("report_curves", report_curves, True)}  # command -> (file name, figure, takes --metric)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         given = f"{argv[0]!r} is not a figure; " if argv and not argv[0].startswith("-") else ""
         return fail(f"error: {given}name one of: {', '.join(FIGURES)} (python -m tmem.sweeps.figures curves DIR)")
     file, draw_fn, takes_metric = FIGURES[argv[0]]
+    if argv[0] == "report" and not any(a.startswith("--metric") for a in argv):
+        return fail("error: report needs --metric, the report fields with * for the x "
+                    "(--metric 'keys_move.steps.*.layer1.cos')")
 
     def options(parser):
         if takes_metric:

@@ -72,9 +72,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json flattened into dotted fields; Damaged when it is truncated or not an object."""
-    path = run_dir / "summary.json"
+def _json_object(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -83,12 +81,32 @@ def summary(run_dir: Path) -> dict[str, Any]:
         raise Damaged(f"{path}: unreadable ({e})") from None
     if not isinstance(value, dict):
         raise Damaged(f"{path}: not a JSON object")
-    return flatten(value)
+    return value
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    """summary.json flattened into dotted fields; Damaged when it is truncated or not an object."""
+    return flatten(_json_object(run_dir / "summary.json"))
+
+
+REPORT = Path("eval") / "report.json"  # eval.py's report of a run read on its own task
+NOT_MEASURED = ("run", "task_overrides", "task", "figures")  # a report's bookkeeping, the same in every seed
+
+
+def report(run_dir: Path) -> dict[str, Any]:
+    """The probes' numbers in the run's eval report (`python eval.py run=<job> probes=[...]` writes it) as
+    `report.<probe>.<field>` fields, with `report.step` the checkpoint read: so a probe's result folds over a
+    sweep's seeds as its training summary does. {} for a run never evaluated; Damaged when the file is cut."""
+    path = run_dir / REPORT
+    if not path.is_file():
+        return {}
+    value = _json_object(path)
+    return flatten({k: v for k, v in value.items() if k not in NOT_MEASURED}, "report.")
 
 
 def read_job(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """A job's overrides and its summary's fields (nested sections as dotted fields)."""
-    return overrides(run_dir), summary(run_dir)
+    """A job's overrides and its summary's fields (nested sections as dotted fields), then its eval report's."""
+    return overrides(run_dir), {**summary(run_dir), **report(run_dir)}
 
 
 def budget(run_dir: Path, fields: dict[str, Any]) -> int | None:
