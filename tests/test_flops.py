@@ -172,7 +172,7 @@ def test_xla_counts_the_microbatch_loop_once():
 @pytest.mark.slow  # 13 s: a fact about XLA's count, not a count of ours; the full suite keeps it
 def test_xla_counts_the_scan_over_chunks_once():
     """DeltaNet in chunks of 32 passes its state through a scan of 2 steps, whose body XLA counts once."""
-    overrides = ("mixer=deltanet", "train.microbatch=null", "mixer.chunk=32")
+    overrides = ("mixer=deltanet", "train.microbatch=null", "mixer.run.chunk=32")
     cfg, xla = config(*overrides), xla_flops(*overrides)
     unrolled, once = step_flops(cfg)["total"], step_flops(cfg, loop_bodies_once=True)["total"]
     assert once == pytest.approx(xla, rel=TOLERANCE)
@@ -334,7 +334,7 @@ def test_the_count_of_dpfp_matches_xla():
 @pytest.mark.slow
 def test_the_count_of_performer_attention_matches_xla():
     """The linear row with 64 random features (d_phi = 64 from d_k = 32) and its normaliser."""
-    overrides = ("mixer=performer", "train.microbatch=null", "mixer.chunk=64")
+    overrides = ("mixer=performer", "train.microbatch=null", "mixer.run.chunk=64")
     analytic, xla = step_flops(config(*overrides))["total"], xla_flops(*overrides)
     assert analytic == pytest.approx(xla, rel=TOLERANCE), f"analytic {analytic:.4g}, XLA {xla:.4g}"
 
