@@ -48,26 +48,33 @@ def chunked_cg(BH: int, T: int, d: int, chunk: int, decay_grad: bool, strength_g
 
 
 def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False,
-             strength_grad: bool = True) -> int:
+             strength_grad: bool = True, reads: int | None = None) -> int:
     """tmem.memory.mesa.prefix_sums(k, k, ...) for BH heads of T tokens: H_t = sum_{j<=t} gamma_tj k_j k_j^T
-    [d x d] at every t, forward and backward, from an empty state.
+    [d x d] at every t, forward and backward, from an empty state; reads: made only at that many (example, read,
+    head) rows (prefix_sums_at).
 
     In each chunk of C tokens, every k_j k_j^T, then a C x C matmul with the gated decays exp(b_t - b_j) beta_j
-    (decay_grad: whether log a trains; strength_grad: whether beta does). Several chunks pass their entry states
-    through a scan (once: count one step of it, as XLA does), and each chunk's H_t adds its decayed entry state.
+    (decay_grad: whether log a trains; strength_grad: whether beta does); at the reads, each read's row of its
+    chunk's decays (zero in the other chunks: a matmul over all T) picked and masked, forward and backward.
+    Several chunks pass their entry states through a scan (once: count one step of it, as XLA does), and each
+    H_t adds its decayed entry state.
     """
     N = math.ceil(T / chunk)
     C = chunk if N > 1 else T
     chunks, rows, E = BH * N, BH * N * C, d * d
+    made = rows if reads is None else reads  # the H_t made
     gates_grad = decay_grad or strength_grad
     # k k^T (and, where the gates train, their gradient: a second matmul), and backward the sum of its gradient
     # times k, twice (k is both factors), added
-    flops = matmul(chunks * C, C, E, grads=1 + gates_grad) + rows * (E + 4 * E + d)
-    flops += gates(chunks, C, decay_grad, strength_grad)
+    if reads is None:
+        flops = matmul(chunks * C, C, E, grads=1 + gates_grad)
+    else:
+        flops = matmul(reads, N * C, E, grads=1 + gates_grad) + 3 * reads * N * C * gates_grad
+    flops += rows * (E + 4 * E + d) + gates(chunks, C, decay_grad, strength_grad)
     if N > 1:
         # each chunk's write sum_j exp(b_C - b_j) beta_j k_j k_j^T (its gates: sub, product), and e^{b_t} H_in added
         # to each H_t, forward and backward; the scan: a H + write, and backward a times dH and a's gradient
-        flops += matmul(chunks * E, C, 1) + chunks * C * (E + 4 * E + d) + rows * (2 + 5) + rows * E * (2 + 4)
+        flops += matmul(chunks * E, C, 1) + chunks * C * (E + 4 * E + d) + rows * (2 + 5) + made * E * (2 + 4)
         flops += (1 if once else N) * BH * E * 5
     return flops
 

@@ -152,6 +152,33 @@ def prefix_sums(k, u, log_a, beta, state=None, chunk: int = 64, precision=None):
     return _unchunk(jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within, T), final
 
 
+def prefix_sums_at(k, u, log_a, beta, read_at, state=None, chunk: int = 64, precision=None):
+    """prefix_sums' S_t only where the layer reads, read_at [B, Q]: [B, Q, H, d_k, d_u], and S_T.
+
+    Each read's S_t is its row of its chunk's decay matrix times the chunk's outer products (plus its decayed
+    entry state), so a layer that reads at Q of T positions makes Q matrices, not T: the rows of the other
+    chunks are zero, one matmul over all chunks at once.
+    """
+    B, T, Hh, dk = k.shape
+    N, C = _layout(T, chunk)
+    k_c, u_c = _chunks(k, N, C), _chunks(u, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    n, i = read_at // C, read_at % C  # [B, Q]: each read's chunk and place in it
+    rows = jnp.take_along_axis(decay, i[None, :, None, :, None], axis=3)  # [N, B, H, Q, C]
+    rows = jnp.where((jnp.arange(N)[:, None, None] == n[None])[:, :, None, :, None], rows, 0.0)
+    outer = k_c[..., :, None] * u_c[..., None, :]  # [N, B, H, C, d_k, d_u]
+    within = jnp.einsum("nbhqj,nbhjx->bqhx", rows, outer.reshape(*outer.shape[:-2], -1), precision=precision)
+    within = within.reshape(*within.shape[:-1], dk, u.shape[-1])
+    S_in, final = _entry_states(k_c, u_c, cum, _chunks(beta, N, C), state, precision)
+    if S_in is None:  # one chunk from no state: S_T is its last row's sum
+        return within, jnp.einsum("...j,...jx->...x", decay[0, ..., -1, :], outer[0].reshape(*outer.shape[1:-2], -1),
+                                  precision=precision).reshape(B, Hh, dk, u.shape[-1])
+    batch = jnp.arange(B)[:, None]
+    entry = jnp.moveaxis(S_in, 0, 1)[batch, n]  # [B, Q, H, d_k, d_u]
+    e = jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i])  # [B, Q, H]
+    return e[..., None, None] * entry + within, final
+
+
 def _safe_div(num, den):
     ok = den > 0
     return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
@@ -289,9 +316,10 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     out_dtype = v.dtype
     q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
-    H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
-    if read_at is not None:  # solve only where the layer reads
-        H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
+    if read_at is None:
+        H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
+    else:  # H_t made and the system solved only where the layer reads
+        H_t, H_T = prefix_sums_at(k, k, log_a, beta, read_at, H0, chunk, precision)
         q = jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
     A = _ridge(H_t, lam)
     x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)

@@ -126,10 +126,10 @@ class MesaConfig(MixerConfig):
         if c.form == "chunked":  # every token's system, each product from its chunk's entry state and keys
             memory = count.chunked_cg(B * H, T, d, c.chunk, gated, written, c.cg_steps, Q is not None, once)
         else:
-            memory = count.key_sums(B * H, T, d, gated, c.chunk, once, strength_grad=written)
+            memory = count.key_sums(B * H, T, d, gated, c.chunk, once, strength_grad=written,
+                                    reads=None if Q is None else reads)
             # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads
-            # (and, reading at Q positions, H_t's gradient scattered back)
-            memory += reads * d * d * (3 + (Q is not None))
+            memory += reads * d * d * 3
             memory += count.cg(reads, d, c.cg_steps, once)
         memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.chunk, None if Q is None else reads,
                                 once)
