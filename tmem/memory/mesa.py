@@ -25,7 +25,7 @@ T <= chunk the masked quadratic form with no loop), then the T systems solved
 side by side, with a fixed number of conjugate-gradient steps (MesaNet's
 solver) or a batched Cholesky factorisation, and G read by the chunked
 linear-attention form with the solved x_t as queries. It holds T matrices
-d_k x d_k. `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
+d_k x d_k (with read_at, one for each read: `prefix_sums_at`). `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
 gradient): the same CG, each product H_t p_t made from the state entering
 t's chunk and the chunk's gated keys, so it holds one matrix per chunk. The
 conjugate-gradient solve, over matrices or over chunks, is differentiated
