@@ -37,8 +37,8 @@ QUICK = {"linear"}
 # convolution, the convolution's input gradient, a norm's statistics, a mask) and counts, and runs, each copy;
 # the analytic count has each op once. On the loop-free default job the analytic total is 0.3 to 2.6% below
 # XLA's (rwkv7 2.6%, mesa 1.7%, ttt_linear 1.6%, titans 1.4%, deltanet 1.3%, none 1.3%, gated_deltanet 1.2%, linear
-# and ttt_mlp 1.0%, gla 0.8%, softmax 0.7%, mamba 0.6%, retnet 0.3%); the matmuls, 90 to 97% of a step, agree. 5% leaves room for
-# another XLA version's fusion decisions, and is far below the factor of 2 (or of the number of chunks) that a
+# and ttt_mlp 1.0%, gla 0.8%, softmax 0.7%, mamba 0.6%, retnet 0.3%); the matmuls, 90 to 97% of a step, agree. 5%
+# leaves room for another XLA version's fusion decisions, and is far below the factor of 2 (or of the number of chunks) that a
 # loop's body counted once makes.
 TOLERANCE = 0.05
 

@@ -1,7 +1,8 @@
 """FLOPs of the memories, forward and backward, as XLA's CPU cost analysis counts them: the fast-weight memory's
-chunked form (tmem.memory.chunked) and recurrent one (tmem.memory.linear_state.recurrent), mesa's sums and
-conjugate-gradient solve (tmem.memory.mesa; in flops_mesa.py beside this), TTT-Linear's dual form (tmem.memory.ttt) and the gradient memory of
-TTT-MLP and Titans (tmem.memory.gradient): the memory's part of tmem.flops' count of a training step.
+chunked form (tmem.memory.chunked) and recurrent one (tmem.memory.linear_state.recurrent), TTT-Linear's dual form
+(tmem.memory.ttt) and the gradient memory of TTT-MLP and Titans (tmem.memory.gradient): the memory's part of
+tmem.flops' count of a training step. Mesa's (tmem.memory.mesa) are in flops_mesa.py beside this, built on the
+costs here.
 
 A matmul [m, k] x [k, n] is 2mkn, and 2mkn more for each operand's gradient;
 an elementwise op is 1 FLOP an element (exp and other transcendentals, which

@@ -25,9 +25,10 @@ T <= chunk the masked quadratic form with no loop), then the T systems solved
 side by side, with a fixed number of conjugate-gradient steps (MesaNet's
 solver) or a batched Cholesky factorisation, and G read by the chunked
 linear-attention form with the solved x_t as queries. It holds T matrices
-d_k x d_k (with read_at, one for each read: `prefix_sums_at`). `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
-gradient): the same CG, each product H_t p_t made from the state entering
-t's chunk and the chunk's gated keys, so it holds one matrix per chunk. The
+d_k x d_k (with read_at, one for each read: `prefix_sums_at`). `chunked_cg`
+is the long sequences' (MesaNet's chunked conjugate gradient): the same CG,
+each product H_t p_t made from the state entering t's chunk and the chunk's
+gated keys, so it holds one matrix per chunk. The
 conjugate-gradient solve, over matrices or over chunks, is differentiated
 implicitly: its backward solves the adjoint system (the same matrix,
 symmetric) with the same number of steps, so no iterate is stored.
@@ -171,8 +172,9 @@ def prefix_sums_at(k, u, log_a, beta, read_at, state=None, chunk: int = 64, prec
     within = within.reshape(*within.shape[:-1], dk, u.shape[-1])
     S_in, final = _entry_states(k_c, u_c, cum, _chunks(beta, N, C), state, precision)
     if S_in is None:  # one chunk from no state: S_T is its last row's sum
-        return within, jnp.einsum("...j,...jx->...x", decay[0, ..., -1, :], outer[0].reshape(*outer.shape[1:-2], -1),
-                                  precision=precision).reshape(B, Hh, dk, u.shape[-1])
+        last = jnp.einsum("...j,...jx->...x", decay[0, ..., -1, :], outer[0].reshape(*outer.shape[1:-2], -1),
+                          precision=precision)
+        return within, last.reshape(B, Hh, dk, u.shape[-1])
     batch = jnp.arange(B)[:, None]
     entry = jnp.moveaxis(S_in, 0, 1)[batch, n]  # [B, Q, H, d_k, d_u]
     e = jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i])  # [B, Q, H]

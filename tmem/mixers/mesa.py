@@ -96,8 +96,8 @@ class MesaConfig(MixerConfig):
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
         """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the ridge systems
-        (H_t + Lambda) x = q solved by conjugate gradients (the parallel form: H_t made at every token, a system
-        where the layer reads; the chunked form: every token's system, its products from the chunk's entry state
+        (H_t + Lambda) x = q solved by conjugate gradients (the parallel form: H_t made and a system solved where
+        the layer reads; the chunked form: every token's system, its products from the chunk's entry state
         and keys), G read with the solutions as queries (the chunked form of the sums), each head's RMSNorm, the
         gate and the output map."""
         c, D = self, model.width
