@@ -318,10 +318,15 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     out_dtype = v.dtype
     q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
-    if read_at is None:
-        H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
-    else:  # H_t made and the system solved only where the layer reads
+    # with fewer reads than a chunk's tokens, H_t made only at the reads (its matmul is Q x T against the T x C of
+    # making every H_t); with more, every H_t made and the read ones taken
+    if read_at is not None and read_at.shape[1] < _layout(k.shape[1], chunk)[1]:
         H_t, H_T = prefix_sums_at(k, k, log_a, beta, read_at, H0, chunk, precision)
+    else:
+        H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
+        if read_at is not None:
+            H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
+    if read_at is not None:  # the systems solved only where the layer reads
         q = jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
     A = _ridge(H_t, lam)
     x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)

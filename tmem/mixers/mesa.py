@@ -126,10 +126,13 @@ class MesaConfig(MixerConfig):
         if c.form == "chunked":  # every token's system, each product from its chunk's entry state and keys
             memory = count.chunked_cg(B * H, T, d, c.chunk, gated, written, c.cg_steps, Q is not None, once)
         else:
+            # H_t made at the reads alone when they are fewer than a chunk's tokens (tmem.memory.mesa.parallel)
+            at_reads = Q is not None and Q < min(c.chunk, T)
             memory = count.key_sums(B * H, T, d, gated, c.chunk, once, strength_grad=written,
-                                    reads=None if Q is None else reads)
+                                    reads=reads if at_reads else None)
             # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads
-            memory += reads * d * d * 3
+            # (and, H_t made at every token and read at Q, H_t's gradient scattered back)
+            memory += reads * d * d * (3 + (Q is not None and not at_reads))
             memory += count.cg(reads, d, c.cg_steps, once)
         memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.chunk, None if Q is None else reads,
                                 once)
