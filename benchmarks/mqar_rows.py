@@ -3,6 +3,7 @@
     python benchmarks/mqar_rows.py --skip-train             # training step of every row, as a ratio to softmax's
     python benchmarks/mqar_rows.py                          # and time to 99%, seeds 0 1 2
     python benchmarks/mqar_rows.py --rows softmax deltanet --seeds 0
+    python benchmarks/mqar_rows.py --rows softmax ttt_linear hopfield mesa ttt_mlp titans   # the slow rows' goals
 
 Each row runs with its own config (`mixer=<row>`), everything else the
 default job. The steps of all rows are timed in turns, a few rounds each, and
@@ -11,6 +12,9 @@ shared machine then falls on every row alike, so the ratios hold. Time to 99%
 is the training wall time, compile included, to the first held-out
 evaluation at or above 0.99; the runs go seed by seed through all rows, for
 the same reason. The persistent compilation cache is off: compile time counts.
+The last table puts each row's step time, compile time and steps to 0.99
+beside its time to 0.99, so a change of ratio shows whether the step, the
+compile or the number of steps moved.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from tmem.train.cluster import start  # noqa: E402
 ROWS = ("softmax", "linear", "retnet", "mamba2", "deltanet", "gated_deltanet", "gla")
 # the speed issue's goals for a training step, as a multiple of softmax attention's
 STEP_GOAL = {"linear": 1.5, "retnet": 1.5, "mamba2": 1.5, "deltanet": 2.0, "gated_deltanet": 2.0, "gla": 2.0}
-TIME_GOAL = 3.0  # time to 99%, every row
+# time to 99% as a multiple of softmax's: 3 for the fast-weight rows; the test-time-regression rows', whose step
+# does more arithmetic (a model trained or a system solved in the forward pass), their own
+TIME_GOAL = {**dict.fromkeys(STEP_GOAL, 3.0), "ttt_linear": 3.0, "hopfield": 3.0, "mesa": 5.0, "ttt_mlp": 6.0,
+             "titans": 8.0}
 
 
 def step_times(rows, overrides, steps: int, rounds: int) -> dict[str, dict]:
@@ -98,8 +105,8 @@ def main():
                 runs[row].append(r)
                 print(f"{row} seed {seed}: 0.99 at step {r['target_step']} after {r['target_seconds']} s "
                       f"(final {r['eval/accuracy']:.4f} at step {r['steps']})", flush=True)
-        print(f"\n{'row':16s} {'steps to 0.99':>22s} {'s to 0.99':>10s} {'x ' + base:>10s}  (medians over seeds "
-              f"{args.seeds})")
+        print(f"\n{'row':16s} {'steps to 0.99':>22s} {'s to 0.99':>10s} {'x ' + base:>10s} {'goal':>5s}   "
+              f"{'step ms':>8s} {'x ' + base:>10s} {'compile s':>10s}  (medians over seeds {args.seeds})")
         medians = {}
         for row, rs in runs.items():
             seconds, steps = [r["target_seconds"] for r in rs], [r["target_step"] for r in rs]
@@ -108,8 +115,12 @@ def main():
                 continue
             medians[row] = statistics.median(seconds)
             ratio = medians[row] / medians[base] if base in medians else float("nan")
-            flag = "" if row == base or ratio <= TIME_GOAL else " (goal 3.0 not met)"
-            print(f"{row:16s} {statistics.median(steps):8.0f} {str(steps):>13s} {medians[row]:10.1f} {ratio:10.2f}{flag}")
+            goal = TIME_GOAL.get(row)
+            mark = "" if row == base or goal is None else f"{goal:5.1f}{'' if ratio <= goal else ' (not met)'}"
+            s = speed[row]
+            print(f"{row:16s} {statistics.median(steps):8.0f} {str(steps):>13s} {medians[row]:10.1f} {ratio:10.2f} "
+                  f"{mark:>5s}   {s['step_ms']:8.2f} {s['step_ms'] / speed[base]['step_ms']:10.2f} "
+                  f"{s['compile_s']:10.1f}")
         results["runs"] = runs
     print(json.dumps(results))
 

@@ -91,10 +91,38 @@ def test_reads_at_positions_equal_the_definitions_rows():
     read_at = jnp.array([[0, 12, 5], [7, 7, 3]])
     o_ref, S_ref = mesa.recurrent(**x, precision=FULL)
     forms = [partial(mesa.parallel, solver=solver) for solver in mesa.SOLVERS] + [mesa.chunked_cg]
-    for form in forms:
-        o, S = form(**x, cg_steps=12, chunk=4, read_at=read_at, precision=FULL)
+    # chunks of 4: H_t made at the 3 reads alone; of 2 (fewer tokens than reads): every H_t made, the read ones taken
+    for form, chunk in [(form, 4) for form in forms] + [(mesa.parallel, 2)]:
+        o, S = form(**x, cg_steps=12, chunk=chunk, read_at=read_at, precision=FULL)
         assert rel_err(o, jnp.take_along_axis(o_ref, read_at[:, :, None, None], axis=1)) <= 1e-5
         assert all(rel_err(a, b) <= 1e-5 for a, b in zip(S, S_ref))
+
+
+@pytest.mark.slow  # 3 s quiet; the default job's one chunk from no state is the golden mesa case's last layer
+def test_the_sums_at_the_reads_are_the_rows_of_every_sum():
+    """prefix_sums_at (the parallel form's H_t where a layer reads) against prefix_sums' rows there, values and
+    gradients: reads in several chunks and twice at one position, with a state entering."""
+    x, chunk = inputs(), 4
+    read_at = jnp.array([[0, 12, 5, 12], [7, 7, 3, 11]])
+    S0 = x["state"][0]
+
+    def every_row(k, log_a, beta, S0):
+        S_t, S_T = mesa.prefix_sums(k, k, log_a, beta, S0, chunk, FULL)
+        return jnp.take_along_axis(S_t, read_at[:, :, None, None, None], axis=1), S_T
+
+    def at_reads(k, log_a, beta, S0):
+        return mesa.prefix_sums_at(k, k, log_a, beta, read_at, S0, chunk, FULL)
+
+    def project(form):  # a random projection of S_t at the reads and of S_T, whose gradients compare
+        w = [jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(B, 4, H, DK, DK), (B, H, DK, DK)])]
+        return lambda *a: sum(jnp.sum(wi * s) for wi, s in zip(w, form(*a)))
+
+    args = (x["k"], x["log_a"], x["beta"], S0)
+    for a, b in zip(at_reads(*args), every_row(*args)):
+        assert rel_err(a, b) <= 1e-6
+    grads = [jax.grad(project(form), argnums=(0, 1, 2, 3))(*args) for form in (at_reads, every_row)]
+    for a, b in zip(*grads):
+        assert rel_err(a, b) <= 1e-6
 
 
 def test_the_definition_is_the_gamma_weighted_ridge_solution_of_each_prefix():

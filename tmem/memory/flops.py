@@ -1,7 +1,8 @@
 """FLOPs of the memories, forward and backward, as XLA's CPU cost analysis counts them: the fast-weight memory's
-chunked form (tmem.memory.chunked) and recurrent one (tmem.memory.linear_state.recurrent), mesa's sums and
-conjugate-gradient solve (tmem.memory.mesa), TTT-Linear's dual form (tmem.memory.ttt) and the gradient memory of
-TTT-MLP and Titans (tmem.memory.gradient): the memory's part of tmem.flops' count of a training step.
+chunked form (tmem.memory.chunked) and recurrent one (tmem.memory.linear_state.recurrent), TTT-Linear's dual form
+(tmem.memory.ttt) and the gradient memory of TTT-MLP and Titans (tmem.memory.gradient): the memory's part of
+tmem.flops' count of a training step. Mesa's (tmem.memory.mesa) are in flops_mesa.py beside this, built on the
+costs here.
 
 A matmul [m, k] x [k, n] is 2mkn, and 2mkn more for each operand's gradient;
 an elementwise op is 1 FLOP an element (exp and other transcendentals, which
@@ -199,53 +200,6 @@ def cumsum(n: int) -> int:
         return n * (n - 1)
     m = -(-n // 16)
     return 256 * m + (m * m - 1 if m <= 16 else cumsum(m))
-
-
-def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False,
-             strength_grad: bool = True) -> int:
-    """tmem.memory.mesa.prefix_sums(k, k, ...) for BH heads of T tokens: H_t = sum_{j<=t} gamma_tj k_j k_j^T
-    [d x d] at every t, forward and backward, from an empty state.
-
-    In each chunk of C tokens, every k_j k_j^T, then a C x C matmul with the gated decays exp(b_t - b_j) beta_j
-    (decay_grad: whether log a trains; strength_grad: whether beta does). Several chunks pass their entry states
-    through a scan (once: count one step of it, as XLA does), and each chunk's H_t adds its decayed entry state.
-    """
-    N = math.ceil(T / chunk)
-    C = chunk if N > 1 else T
-    chunks, rows, E = BH * N, BH * N * C, d * d
-    gates_grad = decay_grad or strength_grad
-    # k k^T (and, where the gates train, their gradient: a second matmul), and backward the sum of its gradient
-    # times k, twice (k is both factors), added
-    flops = matmul(chunks * C, C, E, grads=1 + gates_grad) + rows * (E + 4 * E + d)
-    # b = cumsum(log a); exp(where(b_t - b_j)) * beta_j: sub, select, product; backward, beta's gradient (product,
-    # sum), and through exp, where and the difference to log a (product, product, select, sum and -sum). With
-    # neither training the gates are a constant mask, which XLA folds away
-    if gates_grad:
-        flops += chunks * (cumsum(C) * (1 + decay_grad) + C * C * (3 + (8 if decay_grad else 2)))
-    if N > 1:
-        # each chunk's write sum_j exp(b_C - b_j) beta_j k_j k_j^T (its gates: sub, product), and e^{b_t} H_in added
-        # to each H_t, forward and backward; the scan: a H + write, and backward a times dH and a's gradient
-        flops += matmul(chunks * E, C, 1) + chunks * C * (E + 4 * E + d) + rows * (2 + 5) + rows * E * (2 + 4)
-        flops += (1 if once else N) * BH * E * 5
-    return flops
-
-
-def cg(rows: int, d: int, steps: int, once: bool = False) -> int:
-    """tmem.memory.mesa.cg_solve on `rows` systems A x = b of d unknowns: `steps` conjugate-gradient iterations
-    from the Jacobi guess b / diag(A); backward, the same iterations on the adjoint system, and dA = (-db) x^T.
-    The iterations are a scan (once: count one of each scan, as XLA does)."""
-    init = 2 * d * d + 4 * d  # b / diag(A), r = b - A x, r . r
-    return rows * (2 * (init + (1 if once else steps) * cg_step(d)) + d * d + d)
-
-
-def cg_step(d: int) -> int:
-    """One conjugate-gradient iteration on one system of d unknowns: A p, p . Ap, alpha (a division made safe:
-    compare, two selects, divide), x and r, r . r, beta (the same), p.
-
-    Every iteration counts whole, as the loop runs it: unrolled, XLA would drop the last one's updates of r and
-    p that nothing reads (100 of these 680 FLOPs at d = 16).
-    """
-    return 2 * d * d + 10 * d + 8
 
 
 # TTT's inner LayerNorm, per element of its input: (forward, backward with the scale's and bias's gradients), as

@@ -25,9 +25,10 @@ T <= chunk the masked quadratic form with no loop), then the T systems solved
 side by side, with a fixed number of conjugate-gradient steps (MesaNet's
 solver) or a batched Cholesky factorisation, and G read by the chunked
 linear-attention form with the solved x_t as queries. It holds T matrices
-d_k x d_k. `chunked_cg` is the long sequences' (MesaNet's chunked conjugate
-gradient): the same CG, each product H_t p_t made from the state entering
-t's chunk and the chunk's gated keys, so it holds one matrix per chunk. The
+d_k x d_k (with read_at, one for each read: `prefix_sums_at`). `chunked_cg`
+is the long sequences' (MesaNet's chunked conjugate gradient): the same CG,
+each product H_t p_t made from the state entering t's chunk and the chunk's
+gated keys, so it holds one matrix per chunk. The
 conjugate-gradient solve, over matrices or over chunks, is differentiated
 implicitly: its backward solves the adjoint system (the same matrix,
 symmetric) with the same number of steps, so no iterate is stored.
@@ -150,6 +151,34 @@ def prefix_sums(k, u, log_a, beta, state=None, chunk: int = 64, precision=None):
     if S_in is None:
         return _unchunk(within, T), within[0, :, :, -1]
     return _unchunk(jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within, T), final
+
+
+def prefix_sums_at(k, u, log_a, beta, read_at, state=None, chunk: int = 64, precision=None):
+    """prefix_sums' S_t only where the layer reads, read_at [B, Q]: [B, Q, H, d_k, d_u], and S_T.
+
+    Each read's S_t is its row of its chunk's decay matrix times the chunk's outer products (plus its decayed
+    entry state), so a layer that reads at Q of T positions makes Q matrices, not T: the rows of the other
+    chunks are zero, one matmul over all chunks at once.
+    """
+    B, T, Hh, dk = k.shape
+    N, C = _layout(T, chunk)
+    k_c, u_c = _chunks(k, N, C), _chunks(u, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    n, i = read_at // C, read_at % C  # [B, Q]: each read's chunk and place in it
+    rows = jnp.take_along_axis(decay, i[None, :, None, :, None], axis=3)  # [N, B, H, Q, C]
+    rows = jnp.where((jnp.arange(N)[:, None, None] == n[None])[:, :, None, :, None], rows, 0.0)
+    outer = k_c[..., :, None] * u_c[..., None, :]  # [N, B, H, C, d_k, d_u]
+    within = jnp.einsum("nbhqj,nbhjx->bqhx", rows, outer.reshape(*outer.shape[:-2], -1), precision=precision)
+    within = within.reshape(*within.shape[:-1], dk, u.shape[-1])
+    S_in, final = _entry_states(k_c, u_c, cum, _chunks(beta, N, C), state, precision)
+    if S_in is None:  # one chunk from no state: S_T is its last row's sum
+        last = jnp.einsum("...j,...jx->...x", decay[0, ..., -1, :], outer[0].reshape(*outer.shape[1:-2], -1),
+                          precision=precision)
+        return within, last.reshape(B, Hh, dk, u.shape[-1])
+    batch = jnp.arange(B)[:, None]
+    entry = jnp.moveaxis(S_in, 0, 1)[batch, n]  # [B, Q, H, d_k, d_u]
+    e = jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i])  # [B, Q, H]
+    return e[..., None, None] * entry + within, final
 
 
 def _safe_div(num, den):
@@ -289,9 +318,15 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     out_dtype = v.dtype
     q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
-    H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
-    if read_at is not None:  # solve only where the layer reads
-        H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
+    # with fewer reads than a chunk's tokens, H_t made only at the reads (its matmul is Q x T against the T x C of
+    # making every H_t); with more, every H_t made and the read ones taken
+    if read_at is not None and read_at.shape[1] < _layout(k.shape[1], chunk)[1]:
+        H_t, H_T = prefix_sums_at(k, k, log_a, beta, read_at, H0, chunk, precision)
+    else:
+        H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
+        if read_at is not None:
+            H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
+    if read_at is not None:  # the systems solved only where the layer reads
         q = jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
     A = _ridge(H_t, lam)
     x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)

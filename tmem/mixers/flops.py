@@ -22,7 +22,8 @@ from __future__ import annotations
 
 # the memories' counts, which the rows read through this module
 from tmem.memory.flops import (  # noqa: F401
-    GELU, PRODUCT, cg, chunked, elementwise, gradient_memory, key_sums, matmul, recurrent, ttt_dual)
+    GELU, PRODUCT, chunked, elementwise, gradient_memory, matmul, recurrent, ttt_dual)
+from tmem.memory.flops_mesa import cg, chunked_cg, key_sums  # noqa: F401
 from tmem.memory.flops_decays import rwkv7_chunked, selective_scan  # noqa: F401
 
 
@@ -91,8 +92,8 @@ def short_conv(B: int, T: int, C: int, K: int) -> int:
     return forward + backward + elementwise(B * T * C, SILU)
 
 
-def training_form(c, form: str) -> None:
-    """Refuse any form but the one a count is written for: the token loops the training forms are tested against
-    (mesa's with a solve at each token), and mesa's chunked conjugate gradient, which has no count yet."""
-    if c.run.form != form:
+def training_form(c, *forms: str) -> None:
+    """Refuse any form but those a count is written for: the token loops the training forms are tested against
+    (mesa's with a solve at each token) have none."""
+    if c.run.form not in forms:
         raise Uncounted(f"mixer {c.name!r} has no FLOP count with run.form={c.run.form}")

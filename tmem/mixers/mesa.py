@@ -101,12 +101,13 @@ class MesaConfig(MixerConfig):
         return dataclasses.replace(self, forget=FORGET_OF_WEIGHTS[cell[0]], heads=heads, write_strength=strength)
 
     def flops(self, model, B: int, T: int, Q: int | None, input_grad: bool, once: bool = False) -> Counter:
-        """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the sums
-        H_t at every token, the ridge systems (H_t + Lambda) x = q solved by conjugate gradients where the layer
-        reads, G read with the solutions as queries (the chunked form), each head's RMSNorm, the gate and the output
-        map."""
+        """Q, k, v and the gates' maps, the short convolution on q and k, unit q and k, the ridge systems
+        (H_t + Lambda) x = q solved by conjugate gradients (the parallel form: H_t made and a system solved where
+        the layer reads; the chunked form: every token's system, its products from the chunk's entry state
+        and keys), G read with the solutions as queries (the chunked form of the sums), each head's RMSNorm, the
+        gate and the output map."""
         c, D = self, model.width
-        count.training_form(c, "parallel")
+        count.training_form(c, "parallel", "chunked")
         if c.solver != "cg":  # a LAPACK call, which XLA's cost analysis counts as nothing
             raise count.Uncounted(f"mixer {c.name!r} has no FLOP count with solver={c.solver}")
         H, d, N, R = c.heads, D // c.heads, B * T, B * (Q or T)
@@ -128,11 +129,17 @@ class MesaConfig(MixerConfig):
         parts["mixer/gates"] += gates
         parts["norms"] += count.norm("rmsnorm", R * D)
         reads = B * H * (Q or T)  # the systems solved: one for each read of each head
-        memory = count.key_sums(B * H, T, d, gated, c.run.chunk, once, strength_grad=written)
-        # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads (and,
-        # reading at Q positions, H_t's gradient scattered back)
-        memory += reads * d * d * (3 + (Q is not None))
-        memory += count.cg(reads, d, c.cg_steps, once)
+        if c.run.form == "chunked":  # every token's system, each product from its chunk's entry state and keys
+            memory = count.chunked_cg(B * H, T, d, c.run.chunk, gated, written, c.cg_steps, Q is not None, once)
+        else:
+            # H_t made at the reads alone when they are fewer than a chunk's tokens (tmem.memory.mesa.parallel)
+            at_reads = Q is not None and Q < min(c.run.chunk, T)
+            memory = count.key_sums(B * H, T, d, gated, c.run.chunk, once, strength_grad=written,
+                                    reads=reads if at_reads else None)
+            # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads
+            # (and, H_t made at every token and read at Q, H_t's gradient scattered back)
+            memory += reads * d * d * (3 + (Q is not None and not at_reads))
+            memory += count.cg(reads, d, c.cg_steps, once)
         memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.run.chunk, None if Q is None else reads,
                                 once)
         parts["mixer/memory"] += memory
