@@ -3,6 +3,7 @@ with --seeds, one row per configuration with its seeds folded into n, median, mi
 
     python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] [--by mixer,model.width] [--out jobs.csv]
     python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] --seeds [--out seeds.csv]
+    python -m tmem.sweeps.gather multirun/<date>/<time> --seeds --eval eval    # with each job's probe report
 
 A job is a folder holding summary.json beside .hydra/ (Hydra writes the
 job's overrides in .hydra/overrides.yaml). The CSV has one row per job: its
@@ -33,21 +34,26 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from tmem.sweeps.command import check_file, command_parser, fail, missing, nothing_under, to_csv
-from tmem.sweeps.runs import budget, find_runs, read_each, read_job
+from tmem.sweeps.runs import budget, find_runs, read_each, read_job, summary
 from tmem.sweeps.seeds import AtLeast, Job, fold, interval_rank, label, varying
 
 FIRST = ["sweep", "job", "best"]  # the CSV's leading columns; overrides, then the summary's fields follow
 SEED = "train.seed"
 
 
-def read(run_dir: Path) -> Job:
+def read(run_dir: Path, report: str | None = None) -> Job:
+    """A job; with `report` (an eval folder under the job: eval, or eval/<task overrides>) its eval.py report's
+    fields too, as eval.<probe>.<field>, so probes' numbers fold over seeds as training's do."""
     given, fields = read_job(run_dir)
+    if report is not None:
+        fields.update({f"eval.{k}": v for k, v in summary(run_dir, f"{report}/report.json").items()})
     return Job(str(run_dir), given, fields, budget(run_dir, fields))
 
 
-def jobs(roots: list[str | Path]) -> list[Job]:
-    """Every finished job under the roots that reads; damaged ones are named on stderr and skipped."""
-    return read_each(find_runs(roots), read)
+def jobs(roots: list[str | Path], report: str | None = None) -> list[Job]:
+    """Every finished job under the roots that reads (with its eval report in folder `report`, when given);
+    damaged ones, and ones without that report, are named on stderr and skipped."""
+    return read_each(find_runs(roots), lambda run_dir: read(run_dir, report))
 
 
 def higher_is_better(row: dict, metric: str) -> bool:
@@ -88,9 +94,10 @@ class Gathered(NamedTuple):
     by: tuple[str, ...]  # the override keys that split a sweep into groups
 
 
-def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None) -> Gathered:
+def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None,
+           report: str | None = None) -> Gathered:
     """Every job's row, and the best job of each group (its sweep directory and the values of `by`)."""
-    found, rows, keys, fields = jobs(roots), [], {}, {}
+    found, rows, keys, fields = jobs(roots, report), [], {}, {}
     for job in found:
         keys.update(dict.fromkeys(job.overrides))
         fields.update(dict.fromkeys(job.fields))
@@ -168,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", action="store_true", help=f"one row per configuration, its seeds ({SEED}) "
                                                             "folded into n, median, min and max")
     parser.add_argument("--out", help="the CSV to write (default: <first root>/jobs.csv, or seeds.csv with --seeds)")
+    parser.add_argument("--eval", metavar="FOLDER", help="also each job's eval.py report in FOLDER under it "
+                                                         "(eval, or eval/<task overrides>) as eval.<probe>.<field>")
     args = parser.parse_args(argv)
     name = "seeds.csv" if args.seeds else "jobs.csv"
     out = Path(args.out or Path(args.roots[0]) / name)
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(problem)
     if args.seeds:
         return write_seeds(args, out)
-    found = gather(args.roots, tuple(k for k in args.by.split(",") if k), args.metric)
+    found = gather(args.roots, tuple(k for k in args.by.split(",") if k), args.metric, args.eval)
     if not found.rows:
         return fail(nothing_under(args.roots), 1)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_seeds(args, out: Path) -> int:
-    found = jobs(args.roots)
+    found = jobs(args.roots, args.eval)
     if not found:
         return fail(nothing_under(args.roots), 1)
     folded = fold_seeds(found)

@@ -72,9 +72,10 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json flattened into dotted fields; Damaged when it is truncated or not an object."""
-    path = run_dir / "summary.json"
+def summary(run_dir: Path, name: str = "summary.json") -> dict[str, Any]:
+    """summary.json (or another JSON object under the run: an eval report) flattened into dotted fields; Damaged
+    when it is missing, truncated or not an object."""
+    path = run_dir / name
     try:
         value = json.loads(path.read_text())
     except json.JSONDecodeError as e:
