@@ -168,3 +168,19 @@ def test_a_real_three_seed_sweep_of_two_rows_folds_to_its_jobs_numbers(tmp_path,
         assert row["target_step:max"] == (max(steps) if None not in steps else AtLeast(10))
     assert table.main([str(sweep)]) == 0
     assert "| mixer | n | reached | steps to 0.1 |" in capsys.readouterr().out
+
+
+def test_gather_folds_each_jobs_probe_report_with_eval(tmp_path, capsys):
+    for seed, distance in enumerate([0.2, 0.4, 0.3]):
+        job = fake_job(tmp_path / "rows" / str(seed), ["mixer=deltanet", f"train.seed={seed}"], **TARGET)
+        (job / "eval").mkdir()
+        (job / "eval" / "report.json").write_text(json.dumps(
+            {"step": 10, "least_squares": {"recall": {"state": 0.9 + seed / 100}, "layers": {"0": {"mean_distance": {
+                "hebbian": distance}}}, "ridges": [0.1]}}))
+    fake_job(tmp_path / "rows" / "3", ["mixer=linear", "train.seed=0"], **TARGET)  # never probed: named, skipped
+    assert gather.main([str(tmp_path / "rows"), "--seeds", "--eval", "eval"]) == 0
+    assert "rows/3/eval/report.json" in capsys.readouterr().err
+    (row,) = list(csv.DictReader(open(tmp_path / "rows" / "seeds.csv")))
+    assert row["n"] == "3"
+    assert float(row["eval.least_squares.layers.0.mean_distance.hebbian:median"]) == pytest.approx(0.3)
+    assert float(row["eval.least_squares.recall.state:max"]) == pytest.approx(0.92)
