@@ -35,6 +35,7 @@ def tiny(*overrides):
     return cfg, build_model(cfg, cfg.task)
 
 
+@pytest.mark.slow  # builds and calls two models (about 2 s of CPU)
 def test_a_tied_layer_reads_as_the_untied_one_with_that_map_copied():
     x = jax.random.normal(jax.random.key(0), (2, 6, 16))
     for tie, (source, target) in (("kv", (1, 2)), ("qk", (1, 0))):
@@ -54,6 +55,7 @@ def test_a_tied_layer_reads_as_the_untied_one_with_that_map_copied():
         assert report[f"mean_{tie}_overlap"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_an_untied_layer_starts_near_the_random_overlap():
     _, model = tiny()
     report = roles(model)
