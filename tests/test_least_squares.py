@@ -120,6 +120,9 @@ def test_a_mesa_layer_is_its_own_weighted_ridge(probed):
 
 def test_registered_and_says_why_a_layer_is_not_compared():
     assert PROBES["least_squares"].applies(SimpleNamespace(task=SimpleNamespace(name="repeat"))) is not None
+    softmax = validate(compose_config([*TINY, "mixer=softmax"]))
+    assert PROBES["least_squares"].applies(softmax) == ("needs a layer that sows its writes (a fast-weight row or "
+                                                        "mesa), not softmax")
     ones = np.ones((1, 4, 1, 3))
     gla = {"keys": ones, "writes": (ones, ones, ones[..., 0])}  # GLA's decay: one per key channel
     assert "per key channel" in _layer_memories(None, None, gla, [0.1])

@@ -32,7 +32,8 @@ from flax import nnx
 
 from tasks import heldout
 from tmem.mixers.base import NoMatrix
-from tmem.probes.base import Probe, ProbeInput
+from tmem.mixers import layer_of
+from tmem.probes.base import Probe, ProbeInput, mixers_without
 from tmem.probes.memory_state import captured
 
 # pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them
@@ -241,8 +242,16 @@ def run(inp: ProbeInput):
     return {"by_pairs": by_pairs}, {**figures, "least_squares_by_pairs": pairs_figure(by_pairs)}
 
 
+def _applies(cfg):
+    if cfg.task.name != "mqar":
+        return f"needs an MQAR run, not {cfg.task.name!r}"
+    if not any("writes" in layer_of(m).sows for m in cfg.layers):  # a hybrid's other layers are reported as such
+        return f"needs a layer that sows its writes (a fast-weight row or mesa), not {mixers_without(cfg, lambda m: False)}"
+    return None
+
+
 probe = Probe(
     run=run,
-    applies=lambda cfg: None if cfg.task.name == "mqar" else f"needs an MQAR run, not {cfg.task.name!r}",
+    applies=_applies,
     description="each fast-weight layer's state against the least-squares and ridge memories of its own writes",
 )
