@@ -190,3 +190,18 @@ def test_a_probes_report_folds_over_seeds_beside_the_training_summary(tmp_path, 
     (tmp_path / "1" / "eval" / "report.json").write_text('{"step": 6')  # cut short: that job is named and skipped
     assert len(gather.jobs([tmp_path])) == 3
     assert "1/eval/report.json: not JSON" in capsys.readouterr().err
+
+
+def test_gather_folds_each_jobs_probe_report_with_eval(tmp_path, capsys):
+    for seed, distance in enumerate([0.2, 0.4, 0.3]):
+        job = fake_job(tmp_path / "rows" / str(seed), ["mixer=deltanet", f"train.seed={seed}"], **TARGET)
+        (job / "eval").mkdir()
+        (job / "eval" / "report.json").write_text(json.dumps(
+            {"step": 10, "least_squares": {"recall": {"state": 0.9 + seed / 100}, "layers": {"0": {"mean_distance": {
+                "hebbian": distance}}}, "ridges": [0.1]}}))
+    fake_job(tmp_path / "rows" / "3", ["mixer=linear", "train.seed=0"], **TARGET)  # never probed: no report fields
+    assert gather.main([str(tmp_path / "rows"), "--seeds", "--eval", "eval"]) == 0
+    rows = {r["mixer"]: r for r in csv.DictReader(open(tmp_path / "rows" / "seeds.csv"))}
+    assert rows["deltanet"]["n"] == "3" and rows["linear"]["report.least_squares.recall.state:median"] == ""
+    assert float(rows["deltanet"]["report.least_squares.layers.0.mean_distance.hebbian:median"]) == pytest.approx(0.3)
+    assert float(rows["deltanet"]["report.least_squares.recall.state:max"]) == pytest.approx(0.92)

@@ -63,6 +63,12 @@ def _ridge(H, lam):
     return H + (lam[..., :, None] * jnp.eye(d, dtype=H.dtype)[None]).reshape((1,) * (H.ndim - 3) + (-1, d, d))
 
 
+def solve_sums(H, G, lam):
+    """(H + Lambda)^-1 G [B, H, d_k, d_v]: the key-major matrix the read applies to every query, o = G^T (H +
+    Lambda)^-1 q, from the final sums H [B, H, d_k, d_k], G [B, H, d_k, d_v] and lam [H, d_k]."""
+    return jnp.linalg.solve(_ridge(_f32(H), _f32(lam)), _f32(G))
+
+
 def recurrent(q, k, v, *, log_a, beta, lam, state=None, precision=None):
     """The definition: one token at a time, the sums updated and the ridge system solved exactly.
 

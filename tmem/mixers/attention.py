@@ -27,6 +27,7 @@ from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerS
 QK_NORMS = ("none", "rms", "l2")
 LENGTH_SCALES = ("none", "logn", "ssmax")
 IMPLEMENTATIONS = ("auto", "plain", "fused")
+TIES = ("none", "kv", "qk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,10 @@ class SoftmaxConfig(MixerConfig):
     output_gate: bool = False  # multiply each head's read by gate_activation(W_g x) before the output map
     gate_activation: str = "sigmoid"  # sigmoid | silu
     bias: bool = False
+    # two projections as one (the note, Chapter 7: what keys, values and queries each carry): none | kv (values
+    # read with the keys' map, as the Hopfield row's) | qk (queries with the keys' map, a symmetric score). The
+    # parameters stay those of the untied layer; the tied-away map is never read
+    tie: str = "none"
     rope_base: float = 10_000.0
     run: SoftmaxRun = run_field(SoftmaxRun)
 
@@ -65,7 +70,8 @@ class SoftmaxConfig(MixerConfig):
 
     def check(self, width: int) -> None:
         for field, allowed in (("qk_norm", QK_NORMS), ("length_scale", LENGTH_SCALES),
-                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("run.implementation", IMPLEMENTATIONS)):
+                               ("gate_activation", tuple(GATE_ACTIVATIONS)), ("run.implementation", IMPLEMENTATIONS),
+                               ("tie", TIES)):
             value = knob(self, field)
             if value not in allowed:
                 was = " (it was a bool: true is rms, false none)" if value in ("True", "False", True, False) else ""
@@ -73,6 +79,9 @@ class SoftmaxConfig(MixerConfig):
         if self.heads < 1 or width % self.heads:
             raise ValueError(f"mixer.heads={self.heads} must divide model.width={width}")
         check_temperature(self.temperature)
+        if self.tie == "qk" and self.kv_heads not in (None, self.heads):
+            raise ValueError(f"mixer.tie=qk needs a key head per query head: set mixer.kv_heads=null, not "
+                             f"{self.kv_heads}")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise ValueError(f"mixer.kv_heads={self.kv_heads} must divide mixer.heads={self.heads} (or be null)")
         for field in ("window", "train_length"):
@@ -217,21 +226,27 @@ class SoftmaxAttention(Mixer):
             # recovered; this one makes the option change nothing at step 0 where the task is trained)
             self.ssmax_scale = nnx.Param(jnp.full((cfg.heads,), 1 / math.log(cfg.train_length)))
 
+    def qkv_maps(self, w):
+        """The q, k and v parts of the fused kernel [D, D + 2E] (or bias) as the layer reads them: W_Q [D, D],
+        W_K and W_V [D, E], two of them the same map under mixer.tie."""
+        D, E = self.heads * self.d_head, self.kv_heads * self.d_head
+        q, k, v = w[..., :D], w[..., D:D + E], w[..., D + E:]
+        return (k if self.cfg.tie == "qk" else q), k, (k if self.cfg.tie == "kv" else v)
+
     def __call__(self, x_btd, *, state: KVCache | None = None, head_mask=None, read_at=None, qk_positions=None):
         """The protocol's call (tmem.mixers.base.Mixer). Shortformer positions reach queries and keys only:
         attention can find positions, but values, and so the residual stream, carry none."""
         cfg, (B, T, D) = self.cfg, x_btd.shape
         H, G, d = self.heads, self.kv_heads, self.d_head
         E = G * d
-        kernel = self.qkv.kernel[...]
+        W_q, W_k, W_v = self.qkv_maps(self.qkv.kernel[...])
         x_qk = x_btd if qk_positions is None else x_btd + qk_positions
-        k = (x_qk @ kernel[:, D:D + E]).reshape(B, T, G, d)
-        v = (x_btd @ kernel[:, D + E:]).reshape(B, T, G, d)
-        q = (at_positions(x_qk, read_at) @ kernel[:, :D]).reshape(B, -1, H, d)
+        k = (x_qk @ W_k).reshape(B, T, G, d)
+        v = (x_btd @ W_v).reshape(B, T, G, d)
+        q = (at_positions(x_qk, read_at) @ W_q).reshape(B, -1, H, d)
         if cfg.bias:
-            bias = self.qkv.bias[...]
-            q, k, v = (q + bias[:D].reshape(1, 1, H, d), k + bias[D:D + E].reshape(1, 1, G, d),
-                       v + bias[D + E:].reshape(1, 1, G, d))
+            b_q, b_k, b_v = self.qkv_maps(self.qkv.bias[...])
+            q, k, v = q + b_q.reshape(1, 1, H, d), k + b_k.reshape(1, 1, G, d), v + b_v.reshape(1, 1, G, d)
         if cfg.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
         elif cfg.qk_norm == "l2":

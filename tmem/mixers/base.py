@@ -164,6 +164,16 @@ class MixerState:
         instead, where it is none."""
         raise NoMatrix("no sequence memory" if type(self) is MixerState else type(self).__name__)
 
+    def read_matrix(self, layer: Mixer) -> jax.Array:
+        """The matrix the read applies to a query [B, H, d_k, d_v] (o = q S): `matrix`, except for a memory that
+        transforms its query first (mesa's solve), for the least-squares probe."""
+        return self.matrix(layer)
+
+    def with_matrix(self, layer: Mixer, matrix: jax.Array) -> MixerState:
+        """The state with its matrix replaced (key-major [B, H, d_k, d_v]), to read another memory through the
+        trained model (tmem.probes.least_squares); NoMatrix where the read is no matrix it could replace."""
+        raise NoMatrix(f"{type(self).__name__} has no matrix to replace")
+
 
 class NoMatrix(ValueError):
     """A state that is no matrix (a cache, an MLP's weights, nothing): its message says what it is instead."""
@@ -176,7 +186,9 @@ class Mixer(nnx.Module):
     """
 
     # the intermediates it sows under nnx.capture (a no-op otherwise), which probes read: `state` (the final
-    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `attention` (each head's weights)
+    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `writes` (what else each token
+    # writes: its values [B, T, H, d_v], log decay [B, T, H, 1 or d_k] and write strength [B, T, H]),
+    # `attention` (each head's weights)
     sows: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod

@@ -294,6 +294,10 @@ class FastWeightState(MixerState):
         """S without linear attention's normaliser column."""
         return self.memory[..., :layer.d_value]
 
+    def with_matrix(self, layer: FastWeight, matrix: jax.Array) -> FastWeightState:
+        """S replaced; linear attention's normaliser column kept."""
+        return self.replace(memory=self.memory.at[..., :layer.d_value].set(matrix.astype(self.memory.dtype)))
+
 
 def _inverse_softplus(y):
     return y + jnp.log(-jnp.expm1(-y))
@@ -302,11 +306,11 @@ def _inverse_softplus(y):
 class FastWeight(Mixer):
     """A fast-weight memory layer: project, write every token into the state, read it with the queries.
 
-    The final state of each call is sown as the `state` intermediate, and the keys it wrote (after the
-    convolution, feature map and normalisation) as `keys`.
+    The final state of each call is sown as the `state` intermediate, the keys it wrote (after the
+    convolution, feature map and normalisation) as `keys`, and their values, decays and strengths as `writes`.
     """
 
-    sows = frozenset({"state", "keys"})
+    sows = frozenset({"state", "keys", "writes"})
 
     def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # these rows take positions from the convolution and the decay
@@ -415,6 +419,9 @@ class FastWeight(Mixer):
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)
+        self.sow(nnx.Intermediate, "writes", (v, jnp.zeros((B, T, H, 1)) if log_a is None else
+                                              jnp.broadcast_to(log_a, (B,) + log_a.shape[1:]),
+                                              jnp.ones((B, T, H)) if beta is None else beta), capture_noop=True)
         kwargs = dict(log_a=log_a, beta=beta, delta=cfg.rule == "delta", state=None if state is None else state.memory)
         if cfg.run.form == "chunked":  # reads only at read_at
             o, memory = chunked(q, k, values, chunk=cfg.run.chunk, sub_chunk=cfg.run.sub_chunk, read_at=read_at,

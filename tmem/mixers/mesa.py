@@ -163,14 +163,19 @@ class MesaState(MixerState):
         """G, the gated sum of k v^T (H, the keys' second moment, only whitens the query)."""
         return self.G
 
+    def read_matrix(self, layer: Mesa) -> jax.Array:
+        """(H + Lambda)^-1 G: the ridge solution the read applies to a query."""
+        return mesa.solve_sums(self.H, self.G, layer.lam())
+
 
 class Mesa(Mixer):
     """A mesa layer: write every token into H and G, read the ridge solution with the queries.
 
-    The final sums are sown as the `state` intermediate, and the unit keys written into them as `keys`.
+    The final sums are sown as the `state` intermediate, the unit keys written into them as `keys`, and their
+    values, log forget gates and write strengths as `writes`.
     """
 
-    sows = frozenset({"state", "keys"})
+    sows = frozenset({"state", "keys", "writes"})
 
     def __init__(self, cfg: MesaConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # positions come from the convolution and the forget gate
@@ -190,6 +195,10 @@ class Mesa(Mixer):
         if cfg.output_gate:
             self.gate = linear(width)
         self.out = linear(width)
+
+    def lam(self) -> jax.Array:
+        """Lambda [H, d_k], the ridge on the diagonal, above its floor."""
+        return jax.nn.softplus(self.lambda_param[...]) + self.cfg.lambda_floor
 
     def __call__(self, x_btd, *, state: MesaState | None = None, head_mask=None, read_at=None, qk_positions=None):
         """The protocol's call (tmem.mixers.base.Mixer)."""
@@ -211,7 +220,8 @@ class Mesa(Mixer):
         elif cfg.forget == "fixed":
             log_a = jnp.broadcast_to(retnet_log_decay(H), (B, T, H))
         beta = jax.nn.sigmoid(self.write(x_btd)) if cfg.write_strength == "sigmoid" else jnp.ones((B, T, H))
-        lam = jax.nn.softplus(self.lambda_param[...]) + cfg.lambda_floor
+        lam = self.lam()
+        self.sow(nnx.Intermediate, "writes", (v, log_a[..., None], beta), capture_noop=True)
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
         form = training_form(cfg, T) if cfg.run.form == "auto" else cfg.run.form  # a layer made without validation
         if form == "chunked":

@@ -29,15 +29,15 @@ def head_weights(model) -> dict[str, np.ndarray | None]:
     for block in model.blocks:
         mixer = block.mixer
         H, G, d = mixer.heads, mixer.kv_heads, mixer.d_head
-        D, E_kv = H * d, G * d
-        qkv = np.asarray(mixer.qkv.kernel[...], np.float64)
+        D = H * d
+        W_q, W_k, W_v = (np.asarray(w, np.float64) for w in mixer.qkv_maps(mixer.qkv.kernel[...]))
 
         def split(m, heads):  # [D, heads*d] -> [H, D, d], each group's head repeated for its H / heads queries
             return np.repeat(m.reshape(D, heads, d).transpose(1, 0, 2), H // heads, axis=0)
 
-        Q.append(split(qkv[:, :D], H))
-        K.append(split(qkv[:, D:D + E_kv], G))
-        V.append(split(qkv[:, D + E_kv:], G))
+        Q.append(split(W_q, H))
+        K.append(split(W_k, G))
+        V.append(split(W_v, G))
         O.append(np.asarray(mixer.out.kernel[...], np.float64).reshape(H, d, D))
     return {"E": E, "U": U, "P": P, "W_Q": np.stack(Q), "W_K": np.stack(K), "W_V": np.stack(V),
             "W_O": np.stack(O)}

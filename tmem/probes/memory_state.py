@@ -111,15 +111,15 @@ def matrix_memory(layer, state) -> tuple[np.ndarray | None, str | None]:
         return None, f"no matrix state: {e}"
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, params, tokens):
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _forward(graphdef, params, tokens, names):
     model = nnx.merge(graphdef, params)
     (_, states), inter = nnx.capture(model.forward, nnx.Intermediate)(tokens)
-    n, keys = len(model.blocks), []
+    n, sown = len(model.blocks), []
     for i in range(len(states)):  # a tied block sows one entry per application
-        sown = _child(_child(_child(inter, "blocks"), i % n), "mixer")
-        keys.append(sown["keys"][i // n] if "keys" in model.blocks[i % n].mixer.sows else None)
-    return states, keys
+        mixer = _child(_child(_child(inter, "blocks"), i % n), "mixer")
+        sown.append({name: mixer[name][i // n] for name in names if name in model.blocks[i % n].mixer.sows})
+    return states, sown
 
 
 def _child(tree, name):
@@ -127,11 +127,18 @@ def _child(tree, name):
     return tree[name] if name in tree else {}
 
 
+def captured(model, tokens, names: tuple[str, ...]) -> tuple[list, list[dict]]:
+    """Every block application's final mixer state, and what its mixer sowed under each of `names` (those it
+    declares in `Mixer.sows`), in one compiled forward pass."""
+    graphdef, params = nnx.split(model)
+    return _forward(graphdef, params, tokens, names)
+
+
 def written(model, tokens) -> tuple[list, list]:
     """Every block application's final mixer state, and the keys it wrote [B, T, H, d_k] (None for a row
-    that sows none), in one compiled forward pass."""
-    graphdef, params = nnx.split(model)
-    return _forward(graphdef, params, tokens)
+    that sows none)."""
+    states, sown = captured(model, tokens, ("keys",))
+    return states, [s.get("keys") for s in sown]
 
 
 # ---- the probe ----

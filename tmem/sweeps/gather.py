@@ -3,6 +3,7 @@ with --seeds, one row per configuration with its seeds folded into n, median, mi
 
     python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] [--by mixer,model.width] [--out jobs.csv]
     python -m tmem.sweeps.gather multirun/<date>/<time> [more dirs] --seeds [--out seeds.csv]
+    python -m tmem.sweeps.gather multirun/<date>/<time> --seeds --eval eval/<overrides>  # another eval report
 
 A job is a folder holding summary.json beside .hydra/ (Hydra writes the
 job's overrides in .hydra/overrides.yaml). The CSV has one row per job: its
@@ -33,21 +34,24 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from tmem.sweeps.command import check_file, command_parser, fail, missing, nothing_under, to_csv
-from tmem.sweeps.runs import budget, find_runs, read_each, read_job
+from tmem.sweeps.runs import REPORT, budget, find_runs, read_each, read_job
 from tmem.sweeps.seeds import AtLeast, Job, fold, interval_rank, label, varying
 
 FIRST = ["sweep", "job", "best"]  # the CSV's leading columns; overrides, then the summary's fields follow
 SEED = "train.seed"
 
 
-def read(run_dir: Path) -> Job:
-    given, fields = read_job(run_dir)
+def read(run_dir: Path, report: str = REPORT) -> Job:
+    """A job, with its eval.py report's fields from the folder `report` under it (eval, or eval/<task
+    overrides>) as report.<probe>.<field>, so probes' numbers fold over seeds as training's do."""
+    given, fields = read_job(run_dir, report)
     return Job(str(run_dir), given, fields, budget(run_dir, fields))
 
 
-def jobs(roots: list[str | Path]) -> list[Job]:
-    """Every finished job under the roots that reads; damaged ones are named on stderr and skipped."""
-    return read_each(find_runs(roots), read)
+def jobs(roots: list[str | Path], report: str = REPORT) -> list[Job]:
+    """Every finished job under the roots that reads (with its eval report in folder `report`, where it has one);
+    damaged ones are named on stderr and skipped."""
+    return read_each(find_runs(roots), lambda run_dir: read(run_dir, report))
 
 
 def higher_is_better(row: dict, metric: str) -> bool:
@@ -88,9 +92,10 @@ class Gathered(NamedTuple):
     by: tuple[str, ...]  # the override keys that split a sweep into groups
 
 
-def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None) -> Gathered:
+def gather(roots: list[str | Path], by: tuple[str, ...] = (), metric: str | None = None,
+           report: str = REPORT) -> Gathered:
     """Every job's row, and the best job of each group (its sweep directory and the values of `by`)."""
-    found, rows, keys, fields = jobs(roots), [], {}, {}
+    found, rows, keys, fields = jobs(roots, report), [], {}, {}
     for job in found:
         keys.update(dict.fromkeys(job.overrides))
         fields.update(dict.fromkeys(job.fields))
@@ -168,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", action="store_true", help=f"one row per configuration, its seeds ({SEED}) "
                                                             "folded into n, median, min and max")
     parser.add_argument("--out", help="the CSV to write (default: <first root>/jobs.csv, or seeds.csv with --seeds)")
+    parser.add_argument("--eval", metavar="FOLDER", default=REPORT,
+                        help="the folder under each job whose eval.py report.json is read as report.<probe>.<field> "
+                             "(default eval; eval/<task overrides> for a run read on a changed task)")
     args = parser.parse_args(argv)
     name = "seeds.csv" if args.seeds else "jobs.csv"
     out = Path(args.out or Path(args.roots[0]) / name)
@@ -176,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(problem)
     if args.seeds:
         return write_seeds(args, out)
-    found = gather(args.roots, tuple(k for k in args.by.split(",") if k), args.metric)
+    found = gather(args.roots, tuple(k for k in args.by.split(",") if k), args.metric, args.eval)
     if not found.rows:
         return fail(nothing_under(args.roots), 1)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_seeds(args, out: Path) -> int:
-    found = jobs(args.roots)
+    found = jobs(args.roots, args.eval)
     if not found:
         return fail(nothing_under(args.roots), 1)
     folded = fold_seeds(found)

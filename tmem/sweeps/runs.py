@@ -89,24 +89,25 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return flatten(_json_object(run_dir / "summary.json"))
 
 
-REPORT = Path("eval") / "report.json"  # eval.py's report of a run read on its own task
+REPORT = "eval"  # the folder of eval.py's report on a run read on its own task (eval/<task overrides>: a changed one)
 NOT_MEASURED = ("run", "task_overrides", "task", "figures")  # a report's bookkeeping, the same in every seed
 
 
-def report(run_dir: Path) -> dict[str, Any]:
-    """The probes' numbers in the run's eval report (`python eval.py run=<job> probes=[...]` writes it) as
-    `report.<probe>.<field>` fields, with `report.step` the checkpoint read: so a probe's result folds over a
-    sweep's seeds as its training summary does. {} for a run never evaluated; Damaged when the file is cut."""
-    path = run_dir / REPORT
+def report(run_dir: Path, folder: str = REPORT) -> dict[str, Any]:
+    """The probes' numbers in the run's eval report (`python eval.py run=<job> probes=[...]` writes it in
+    `folder`) as `report.<probe>.<field>` fields, with `report.step` the checkpoint read: so a probe's result folds
+    over a sweep's seeds as its training summary does. {} for a run never evaluated; Damaged when the file is
+    cut."""
+    path = run_dir / folder / "report.json"
     if not path.is_file():
         return {}
     value = _json_object(path)
     return flatten({k: v for k, v in value.items() if k not in NOT_MEASURED}, "report.")
 
 
-def read_job(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+def read_job(run_dir: Path, report_folder: str = REPORT) -> tuple[dict[str, str], dict[str, Any]]:
     """A job's overrides and its summary's fields (nested sections as dotted fields), then its eval report's."""
-    return overrides(run_dir), {**summary(run_dir), **report(run_dir)}
+    return overrides(run_dir), {**summary(run_dir), **report(run_dir, report_folder)}
 
 
 def budget(run_dir: Path, fields: dict[str, Any]) -> int | None:
