@@ -43,7 +43,8 @@ OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)
 def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> ModelConfig:
     """The model's "auto" settings made concrete, once, so no module guesses them later.
 
-    Positions: shortformer where a layer's mixer takes query and key inputs (on
+    Positions: rope where a layer's mixer has no form without it (MLA), else
+    shortformer where a layer's mixer takes query and key inputs (on
     MQAR it trains faster than RoPE and costs less per step; in a hybrid only
     those layers receive them), none elsewhere: recurrent mixers know order
     from their recurrence, and the in-context regression prompt of a vector
@@ -53,7 +54,8 @@ def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> M
     vectors = task.input_kind == "vectors"
     if model.positions == "auto":
         qk = not vectors and any(layer.takes_qk_positions for layer in layers)
-        model = dataclasses.replace(model, positions="shortformer" if qk else "none")
+        rotary = any(layer.needs_rope for layer in layers)
+        model = dataclasses.replace(model, positions="rope" if rotary else "shortformer" if qk else "none")
     if vectors and model.read_in == "auto":
         model = dataclasses.replace(model, read_in="identity" if model.width == task.token_dim else "learned")
     return model
@@ -256,6 +258,10 @@ def _check_together(cfg: Config) -> None:
     names = "+".join(dict.fromkeys(layer.name for layer in cfg.layers))
     if cfg.model.positions == "rope" and not any(layer.applies_rope for layer in cfg.layers):
         raise ConfigError(f"model.positions=rope: mixer {names!r} does not apply RoPE; use learned or none")
+    rotary = "+".join(dict.fromkeys(layer.name for layer in cfg.layers if layer.needs_rope))
+    if rotary and cfg.model.positions not in ("rope", "auto"):  # auto resolves to rope
+        raise ConfigError(f"model.positions={cfg.model.positions}: mixer {rotary!r} rotates its keys by position "
+                          "and has no form without RoPE; use model.positions=rope (or auto)")
     if cfg.model.positions == "shortformer" and not any(layer.takes_qk_positions for layer in cfg.layers):
         raise ConfigError(f"model.positions=shortformer: mixer {names!r} has no query and key inputs "
                           "to add positions to; use learned or none")
