@@ -110,11 +110,12 @@ def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
 
 # forms no count covers: the definitions the training forms are tested against (token loops), mesa's exact
 # solve, a LAPACK call that XLA's cost analysis counts as nothing, mesa's chunked CG (its long-sequence form,
-# which auto takes from tmem.mixers.mesa.CHUNKED_FROM tokens, longer than the jobs the counts serve), and Mamba's
-# associative scan, whose count by XLA grows as T log T (its fusions recompute the scan's rounds)
+# which auto takes from tmem.mixers.mesa.CHUNKED_FROM tokens, longer than the jobs the counts serve), Mamba's
+# associative scan, whose count by XLA grows as T log T (its fusions recompute the scan's rounds), and MLA's absorbed
+# read, its decoding form
 UNCOUNTED_FORMS = [("mesa", "form=recurrent"), ("mesa", "solver=cholesky"), ("mesa", "form=chunked"),
                    ("ttt_mlp", "form=recurrent"), ("titans", "form=recurrent"), ("mamba", "form=parallel"),
-                   ("rwkv7", "form=recurrent")]
+                   ("rwkv7", "form=recurrent"), ("mla", "form=absorbed")]
 
 
 @pytest.mark.slow  # cheap, but the quick subset has its refusal above

@@ -41,8 +41,8 @@ def definition(m: MLA, x) -> np.ndarray:
     t reads softmax_s(beta [q^C ; RoPE(q^R)] . [W_UK,h c_s ; k^R_s]) over s <= t of W_UV,h c_s."""
     cfg, (B, T, D) = m.cfg, x.shape
     H, d, L, dr = cfg.heads, D // cfg.heads, cfg.latent, cfg.rope_dim
-    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
-    rms = lambda z, g: z / np.sqrt(np.mean(z * z, -1, keepdims=True) + 1e-6) * g  # noqa: E731
+    f64 = lambda a: np.asarray(a, np.float64)
+    rms = lambda z, g: z / np.sqrt(np.mean(z * z, -1, keepdims=True) + 1e-6) * g
     down = f64(x) @ f64(m.kv_down.kernel[...])
     c = rms(down[..., :L], f64(m.kv_norm.scale[...]))
     k_r = f64(rope(jnp.asarray(down[..., None, L:], jnp.float32), jnp.arange(T)))[:, :, 0]

@@ -79,15 +79,15 @@ class MLAConfig(MixerConfig):
         positions), the latents' norms, the up-projection of every latent to the heads' keys and values, RoPE on
         the rotary parts, softmax(beta q k^T) v over T keys of width d + d_R, and the output map."""
         c, D = self, model.width
-        if c.form != "naive":
-            raise count.Uncounted(f"mixer {c.name!r} has no FLOP count with form={c.form}")
+        count.training_form(c, "naive")
         H, d, L, dr = c.heads, D // c.heads, c.latent, c.rope_dim
         N, R = B * T, B * (Q or T)
         grads = 2 if input_grad else 1
         parts = Counter()
         parts["mixer/projections"] += count.matmul(N, D, L + dr, grads) + count.matmul(N, L, 2 * D)
         if c.q_latent:
-            parts["mixer/projections"] += count.matmul(R, D, c.q_latent, grads) + count.matmul(R, c.q_latent, H * (d + dr))
+            parts["mixer/projections"] += (count.matmul(R, D, c.q_latent, grads)
+                                           + count.matmul(R, c.q_latent, H * (d + dr)))
         else:
             parts["mixer/projections"] += count.matmul(R, D, H * (d + dr), grads)
         parts["mixer/projections"] += count.matmul(R, D, D)
@@ -137,7 +137,7 @@ class MLA(Mixer):
 
     def queries(self, x_btd):
         """Each head's non-rotated query [B, T, H, d] and rotary query [B, T, H, d_R] (not yet rotated)."""
-        cfg, (B, T, D) = self.cfg, x_btd.shape
+        cfg, (B, T, _) = self.cfg, x_btd.shape
         if cfg.q_latent:
             c_q = self.q_down(x_btd)
             q = self.q_up(self.q_norm(c_q) if cfg.latent_norm else c_q)
