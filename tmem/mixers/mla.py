@@ -173,7 +173,7 @@ class MLA(Mixer):
         q_pos = offset + (jnp.arange(T) if read_at is None else read_at)
         q_c, q_r = self.queries(at_positions(x_btd, read_at))
         q_r = rope(q_r, q_pos, cfg.rope_base)
-        mask = readable(q_pos, offset + T, c.shape[1], None)
+        mask = readable(q_pos, offset + T, c.shape[1])
         w_uk, w_uv = self.kv_up.kernel[:, :D].reshape(L, H, d), self.kv_up.kernel[:, D:].reshape(L, H, d)
         read = absorbed if cfg.form == "absorbed" else naive
         o_bthd, weights = read(q_c, q_r, c, k_rope, w_uk, w_uv, mask, cfg.beta(D))
