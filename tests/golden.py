@@ -5,7 +5,7 @@ before the mixers and models moved onto one interface; test_golden.py holds
 today's code to it, so a refactor that changes any row's math or initialisation
 shows up as a failing case. Re-record only for a change meant to alter the math,
 and say so in the commit. Changes since: `record_cases` added the hopfield row's
-cases when the row was added (and the mesa, ttt_linear, ttt_mlp, titans, mamba and rwkv7 rows' when they
+cases when the row was added (and the mesa, ttt_linear, ttt_mlp, titans, mamba, rwkv7 and mla rows' when they
 were), and re-recorded tokens-mamba2 and vectors-mamba2 when the row's default became
 Mamba-2's reference layer, tokens-linear and vectors-linear when linear
 attention's q and k became unit vectors, the gated_deltanet cases when its

@@ -110,11 +110,11 @@ def test_every_row_is_counted_and_a_row_without_a_count_is_refused(monkeypatch):
 
 
 # forms no count covers: the definitions the training forms are tested against (token loops), mesa's exact
-# solve, a LAPACK call that XLA's cost analysis counts as nothing, and Mamba's associative scan, whose count by
-# XLA grows as T log T (its fusions recompute the scan's rounds)
+# solve, a LAPACK call that XLA's cost analysis counts as nothing, Mamba's associative scan, whose count by XLA grows
+# as T log T (its fusions recompute the scan's rounds), and MLA's absorbed read, its decoding form
 UNCOUNTED_FORMS = [("mesa", "run.form=recurrent"), ("mesa", "solver=cholesky"),
                    ("ttt_mlp", "run.form=recurrent"), ("titans", "run.form=recurrent"), ("mamba", "run.form=parallel"),
-                   ("rwkv7", "run.form=recurrent")]
+                   ("rwkv7", "run.form=recurrent"), ("mla", "run.form=absorbed")]
 
 
 @pytest.mark.slow  # cheap, but the quick subset has its refusal above

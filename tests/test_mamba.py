@@ -104,6 +104,16 @@ def test_the_initialisation_is_the_reference():
     assert MambaConfig().rank(64) == 4 and MambaConfig().state_size(64, 64) == 128 * 16 + 3 * 128
 
 
+def test_a_range_draws_each_entry_of_a_within_it():
+    """mixer.a_range: -A per (channel, state) entry from U(low, high), not S4D-real; a range that is no range is
+    refused in one line."""
+    A = jnp.exp(Mamba(MambaConfig(a_range=(0.1, 1.0)), 16, rope=False, rngs=nnx.Rngs(0)).A_log[...])
+    assert A.shape == (32, 16) and float(A.min()) >= 0.1 and float(A.max()) <= 1.0
+    assert len(np.unique(np.asarray(A))) == A.size  # every entry its own draw
+    with pytest.raises(ValueError, match=r"mixer.a_range=\[1.0, 0.1\] must be \[low, high\]"):
+        MambaConfig(a_range=(1.0, 0.1)).check(64)
+
+
 def test_a_bad_form_is_refused_in_one_line():
     with pytest.raises(ValueError, match="mixer.run.form='chunked' is not one of: parallel, scan"):
         MambaConfig(run=MambaRun("chunked")).check(64)

@@ -44,7 +44,8 @@ OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)
 def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> ModelConfig:
     """The model's "auto" settings made concrete, once, so no module guesses them later.
 
-    Positions: shortformer where a layer's mixer takes query and key inputs (on
+    Positions: rope where a layer's mixer has no form without it (MLA), else
+    shortformer where a layer's mixer takes query and key inputs (on
     MQAR it trains faster than RoPE and costs less per step; in a hybrid only
     those layers receive them), none elsewhere: recurrent mixers know order
     from their recurrence, and the in-context regression prompt of a vector
@@ -54,7 +55,8 @@ def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> M
     vectors = task.input_kind == "vectors"
     if model.positions == "auto":
         qk = not vectors and any(layer.takes_qk_positions for layer in layers)
-        model = dataclasses.replace(model, positions="shortformer" if qk else "none")
+        rotary = any(layer.needs_rope for layer in layers)
+        model = dataclasses.replace(model, positions="rope" if rotary else "shortformer" if qk else "none")
     if vectors and model.read_in == "auto":
         model = dataclasses.replace(model, read_in="identity" if model.width == task.token_dim else "learned")
     return model
@@ -195,26 +197,37 @@ def saved_form(cfg: DictConfig) -> dict:
 def with_new_fields(saved: dict) -> dict:
     """A saved config (plain values, today's names) with each field added to its group since the run was saved
     set to today's default: a new field's default keeps the behaviour from before it existed (MQAR's
-    distractor_pairs=0 makes the examples it made before), so an old run resumes and restores as it trained."""
+    distractor_pairs=0 makes the examples it made before), so an old run resumes and restores as it trained.
+    A hybrid's entries are filled as the mixer group is."""
     out = {section: dict(node) if isinstance(node, dict) else node for section, node in saved.items()}
-    schemas = {**_FIXED, "cluster": ClusterConfig}
+    schemas = {**_FIXED, "cluster": ClusterConfig, "task": lambda node: TASKS[node["name"]],
+               "mlp": lambda node: MLP_CONFIGS[node["name"]], "mixer": config_type}
     for section, node in out.items():
-        if not isinstance(node, dict):
-            continue
-        try:
-            schema = (schemas.get(section) or {"task": lambda: TASKS[node["name"]], "mlp": lambda: MLP_CONFIGS[
-                node["name"]], "mixer": lambda: config_type(node)}.get(section, lambda: None)())
-        except (KeyError, ValueError):  # a group this code does not know: validation names it
-            continue
-        for f in dataclasses.fields(schema) if schema else ():
-            if f.name in node or f.name == "mixers":
-                continue
-            if f.default is not dataclasses.MISSING:
-                node[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-                node[f.name] = plain(default) if dataclasses.is_dataclass(default) else default
+        if isinstance(node, dict) and section in schemas:
+            _fill(node, schemas[section])
+    entries = (out.get("model") or {}).get("mixers") if isinstance(out.get("model"), dict) else None
+    if isinstance(entries, list):
+        out["model"]["mixers"] = [_fill(dict(e), config_type) if isinstance(e, dict) else e for e in entries]
     return out
+
+
+def _fill(node: dict, schema) -> dict:
+    """`node` with each field of its schema it lacks at the field's default (a schema type, or a function of the
+    node giving it); a node naming no known schema is left for validation to name."""
+    if not isinstance(schema, type):
+        try:
+            schema = schema(node)
+        except (KeyError, ValueError):
+            return node
+    for f in dataclasses.fields(schema):
+        if f.name in node or f.name == "mixers":
+            continue
+        if f.default is not dataclasses.MISSING:
+            node[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+            node[f.name] = plain(default) if dataclasses.is_dataclass(default) else default
+    return node
 
 
 def _fitted(section: str, node: Any, task, width: int) -> MixerConfig:
@@ -312,6 +325,10 @@ def _check_together(cfg: Config) -> None:
     names = "+".join(dict.fromkeys(layer.name for layer in cfg.layers))
     if cfg.model.positions == "rope" and not any(layer.applies_rope for layer in cfg.layers):
         raise ConfigError(f"model.positions=rope: mixer {names!r} does not apply RoPE; use learned or none")
+    rotary = "+".join(dict.fromkeys(layer.name for layer in cfg.layers if layer.needs_rope))
+    if rotary and cfg.model.positions not in ("rope", "auto"):  # auto resolves to rope
+        raise ConfigError(f"model.positions={cfg.model.positions}: mixer {rotary!r} rotates its keys by position "
+                          "and has no form without RoPE; use model.positions=rope (or auto)")
     if cfg.model.positions == "shortformer" and not any(layer.takes_qk_positions for layer in cfg.layers):
         raise ConfigError(f"model.positions=shortformer: mixer {names!r} has no query and key inputs "
                           "to add positions to; use learned or none")

@@ -43,7 +43,7 @@ def softmax_read(q_bthd, k_bsgd, v_bsgd, mask, beta, *, scale=None, sink_h=None)
         o_bthd = jnp.einsum("bhts,bshd->bthd", weights_v, v_bsgd)
     else:
         o = jnp.einsum("bgrts,bsgd->btgrd", weights_v.reshape(B, G, H // G, -1, S), v_bsgd)
-        o_bthd = o.reshape(B, -1, H, d)
+        o_bthd = o.reshape(B, -1, H, v_bsgd.shape[-1])  # values may be narrower than keys (MLA's absorbed read)
     return o_bthd, weights
 
 

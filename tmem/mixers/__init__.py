@@ -29,6 +29,7 @@ from tmem.mixers.hopfield import Hopfield, HopfieldConfig
 from tmem.mixers.lsa import LinearSelfAttention, LSAConfig
 from tmem.mixers.mamba import Mamba, MambaConfig
 from tmem.mixers.mesa import Mesa, MesaConfig
+from tmem.mixers.mla import MLA, MLAConfig
 from tmem.mixers.none import NoMixer, NoneConfig
 from tmem.mixers.regression import RegressionConfig
 from tmem.mixers.rwkv7 import RWKV7, RWKV7Config
@@ -58,6 +59,7 @@ MIXERS: dict[str, Row] = {
     "gated_deltanet": FAST_WEIGHT,
     "mamba": Row(MambaConfig, Mamba),  # Mamba-1: a decay per (channel, state) entry, a token scan
     "rwkv7": Row(RWKV7Config, RWKV7),  # the generalised delta rule: per-channel decay, removal along its own key
+    "mla": Row(MLAConfig, MLA),  # softmax attention whose cache is a low-rank latent and a shared rotary key
     "mesa": Row(MesaConfig, Mesa),  # online ridge regression: the optimiser "solve" (MesaNet)
     "ttt_linear": Row(TTTConfig, TTT),  # mini-batch gradient steps on x + LN(x W + b) (TTT-Linear)
     "ttt_mlp": Row(TTTConfig, TTT),  # the same on x + LN(MLP(x)) (TTT-MLP)

@@ -193,6 +193,17 @@ def _per_query(x, heads: bool):
     return x.reshape((1, 1, -1, 1) if x.ndim == 1 else (x.shape[0], 1, x.shape[1], 1))
 
 
+def readable(q_pos, end: int, S: int, window: int | None = None):
+    """Which of a cache's keys each query reads, laid out as the scores [B or 1, 1, T, S]: the cache holds the
+    S tokens before position `end`, and key s is readable from query position t (q_pos, [T] or [B, Q]) when
+    s <= t, and t - window < s with a window."""
+    s_pos = (end - S + jnp.arange(S)).reshape((1,) * q_pos.ndim + (-1,))
+    mask = s_pos <= q_pos[..., None]  # [T, S] or [B, Q, S]
+    if window is not None:
+        mask = mask & (s_pos > q_pos[..., None] - window)
+    return mask[None, None] if q_pos.ndim == 1 else mask[:, None]
+
+
 class SoftmaxAttention(Mixer):
     """Causal multi-head softmax attention.
 
@@ -259,14 +270,8 @@ class SoftmaxAttention(Mixer):
         if state is not None:
             k = jnp.concatenate([state.keys, k], axis=1)
             v = jnp.concatenate([state.values, v], axis=1)
-        # the cache holds the last S tokens read; key s is readable from query position t when s <= t
-        # (and t - window < s with a window)
         S = k.shape[1]
-        s_pos = (offset + T - S + jnp.arange(S)).reshape((1,) * q_pos.ndim + (-1,))
-        mask = s_pos <= q_pos[..., None]  # [T, S] or [B, Q, S]
-        if cfg.window is not None:
-            mask = mask & (s_pos > q_pos[..., None] - cfg.window)
-        mask = mask[None, None] if read_at is None else mask[:, None]
+        mask = readable(q_pos, offset + T, S, cfg.window)
         scale = None
         if cfg.length_scale != "none":
             n = visible_keys(q_pos, cfg.window)
@@ -293,6 +298,11 @@ class SoftmaxAttention(Mixer):
             keep = cfg.cached_tokens(S)
             k, v = k[:, S - keep:], v[:, S - keep:]
         return self.out(o_bthd.reshape(B, -1, D)), KVCache(k, v, length=offset + T)
+
+    def circuit_weights(self) -> tuple[jax.Array, int]:
+        """W_Q, W_K, W_V side by side [D, D + 2 kv width] and the key-value heads: what the weight-only probes
+        read (tmem.probes.circuits), two of them the same map under mixer.tie."""
+        return jnp.concatenate(self.qkv_maps(self.qkv.kernel[...]), axis=1), self.kv_heads
 
     def _fused(self, state, read_at) -> bool:
         """Whether this call reads through jax.nn.dot_product_attention (SoftmaxRun.implementation).

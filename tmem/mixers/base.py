@@ -97,6 +97,9 @@ class MixerConfig(abc.ABC):
 
     applies_rope: ClassVar[bool] = False  # model.positions=rope rotates this mixer's q and k
     takes_qk_positions: ClassVar[bool] = False  # model.positions=shortformer adds positions to its q and k inputs
+    # its layer has no form without RoPE (MLA's decoupled rotary key): model.positions=auto resolves to rope, and
+    # validation refuses any other
+    needs_rope: ClassVar[bool] = False
     mixes: ClassVar[bool] = True  # False: the layer reads no other token and adds nothing (no norm, no add counted)
     # its layer sows `attention`, each head's causal softmax weights over the tokens [B, H, T, T], the patterns the
     # induction probe scores

@@ -52,9 +52,14 @@ class MambaConfig(MixerConfig):
     dt_rank: int | None = None  # the step's bottleneck; None: ceil(width / 16), the reference's "auto"
     short_conv: int = 4  # kernel of the causal convolution on x (with a bias, then SiLU); 0 for none
     run: MambaRun = run_field(MambaRun)
+    # -A's initialisation: None, S4D-real (A_n = n for state n, in every channel: the reference); [low, high], each
+    # (channel, state) entry drawn from U(low, high), as Mamba-2's row draws its per-head A (mixer.a_range there)
+    a_range: tuple[float, float] | None = None
 
     def check(self, width: int) -> None:
         check_knobs(self, choices={"run.form": tuple(selective.FORMS)}, positive=("expand", "d_state", "dt_rank"))
+        if self.a_range is not None and (len(self.a_range) != 2 or not 0 < self.a_range[0] <= self.a_range[1]):
+            raise ValueError(f"mixer.a_range={list(self.a_range)} must be [low, high] with 0 < low <= high, or null")
 
     def rank(self, width: int) -> int:
         return self.dt_rank or math.ceil(width / 16)
@@ -121,7 +126,11 @@ class Mamba(Mixer):
         dt = jnp.exp(jax.random.uniform(rngs.params(), (d,), minval=math.log(DT_RANGE[0]),
                                         maxval=math.log(DT_RANGE[1])))
         self.dt_proj.bias[...] = _inverse_softplus(jnp.maximum(dt, DT_FLOOR))
-        self.A_log = nnx.Param(jnp.broadcast_to(jnp.log(jnp.arange(1, N + 1, dtype=jnp.float32)), (d, N)))
+        if cfg.a_range is None:
+            self.A_log = nnx.Param(jnp.broadcast_to(jnp.log(jnp.arange(1, N + 1, dtype=jnp.float32)), (d, N)))
+        else:
+            self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (d, N), minval=cfg.a_range[0],
+                                                              maxval=cfg.a_range[1])))
         self.D = nnx.Param(jnp.ones((d,)))
         self.out = linear(d, width, bias=False, rngs=rngs)
 

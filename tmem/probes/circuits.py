@@ -17,7 +17,8 @@ def head_weights(model) -> dict[str, np.ndarray | None]:
     """Per-head matrices of a softmax-attention LM as numpy arrays.
 
     Returns E [V, D], U [D, V], P [T, D] or None (the learned position table,
-    residual or shortformer), and W_Q, W_K, W_V [depth, H, D, d], W_O [depth, H, d, D].
+    residual or shortformer), and W_Q, W_K, W_V [depth, H, D, d], W_O [depth, H, d, D], from each layer's
+    `circuit_weights` (softmax attention's own maps; MLA's through its latent, tmem/mixers/mla.py).
     With grouped keys and values (mixer.kv_heads = G < H) query head h reads
     key-value head h // (H / G), so its W_K and W_V are that head's: every
     per-head circuit is then the one the head computes.
@@ -28,9 +29,11 @@ def head_weights(model) -> dict[str, np.ndarray | None]:
     Q, K, V, O = [], [], [], []
     for block in model.blocks:
         mixer = block.mixer
-        H, G, d = mixer.heads, mixer.kv_heads, mixer.d_head
-        D = H * d
-        W_q, W_k, W_v = (np.asarray(w, np.float64) for w in mixer.qkv_maps(mixer.qkv.kernel[...]))
+        kernel, G = mixer.circuit_weights()
+        H, d = mixer.heads, mixer.d_head
+        D, E_kv = H * d, G * d
+        qkv = np.asarray(kernel, np.float64)
+        W_q, W_k, W_v = qkv[:, :D], qkv[:, D:D + E_kv], qkv[:, D + E_kv:]
 
         def split(m, heads):  # [D, heads*d] -> [H, D, d], each group's head repeated for its H / heads queries
             return np.repeat(m.reshape(D, heads, d).transpose(1, 0, 2), H // heads, axis=0)
