@@ -6,7 +6,9 @@
 Gathers every finished run under the given directories (a run is a folder
 holding summary.json and .hydra/config.yaml) and draws `recall_curves.png`
 and `.svg`: one panel per sequence length and number of key-value pairs,
-accuracy against model width, one line per mixer. Each point is a cell's
+accuracy against model width, one line per memory (the mixer; a sliding
+window or a hybrid stack is its own line, `softmax w8`,
+`gated_deltanet+softmax`: tmem.sweeps.runs.memory). Each point is a cell's
 median over its seeds, its bar their min to max; where a cell was also swept
 over another setting such as the learning rate, the point is the
 configuration (the run's overrides less train.seed) with the best median
@@ -24,7 +26,7 @@ from omegaconf import OmegaConf
 
 from tmem.sweeps.command import Drawn, gather_command
 from tmem.sweeps.gather import SEED
-from tmem.sweeps.runs import find_runs, overrides, read_each, summary
+from tmem.sweeps.runs import find_runs, memory, overrides, read_each, summary
 from tmem.sweeps.seeds import order_statistics
 
 CELL = ("mixer", "width", "seq_len", "num_kv_pairs")
@@ -38,7 +40,7 @@ def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     setting = " ".join(f"{k}={v}" for k, v in sorted(overrides(run_dir).items()) if k != SEED)
     return {
-        "mixer": cfg.mixer.name, "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
+        "mixer": memory(cfg), "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
         "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)),
         "lr": float(cfg.optim.lr if cfg.optim.lr is not None else cfg.mixer.lr),  # null: the mixer's rate
         "seed": int(cfg.train.seed), "accuracy": fields.get(metric), "loss": fields.get("eval/loss"),
