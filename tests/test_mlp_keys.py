@@ -75,3 +75,27 @@ def test_the_command_prints_each_predictor_and_writes_its_table(tmp_path, capsys
     lines = (out / "mlp_capacity.csv").read_text().splitlines()
     assert sum(line.startswith("predictor,") for line in lines) == len(mlp_capacity.PROPERTIES)
     assert sum(line.startswith("run,") for line in lines) == 9
+
+
+@pytest.mark.slow  # builds and runs a model (a few seconds on a loaded CPU)
+def test_the_probe_reads_a_memorize_model_and_counts_its_facts_as_the_model_does():
+    import jax.numpy as jnp
+
+    from conftest import compose_config
+    from tasks import heldout
+    from tmem.config import validate
+    from tmem.model import build_model
+    from tmem.probes import PROBES, ProbeInput
+
+    cfg = validate(compose_config(["experiment=memorize", "task.num_facts=64", "task.num_values=4", "task.seq_len=16",
+                                   "train.batch_size=4", "mlp.expansion=2", "logger=disabled"]))
+    model = build_model(cfg, cfg.task)  # untrained: it stores the facts its random map gets right by chance
+    metrics, _ = PROBES["mlp_keys"].run(ProbeInput(cfg=cfg, model=model))
+    batch = heldout(cfg.task)
+    F = cfg.task.num_facts
+    right = jnp.argmax(model(batch.inputs)[..., F:], -1) == batch.targets - F
+    assert metrics["facts_stored"] == int(right.sum()) and metrics["facts"] == 64
+    assert metrics["hidden"] == 32 and 1 < metrics["key_rank"] <= cfg.model.width  # 32 keys in width 16
+    assert 0 < metrics["key_coherence"] < metrics["key_coherence_max"] <= 1
+    assert metrics["bias_spread"] == 0.0  # tmem's MLPs have no biases by default
+    assert PROBES["mlp_keys"].applies(validate(compose_config(["experiment=memorize", "mlp=swiglu"])))

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tmem.mlps import DenseConfig
 from tmem.mlps.dense import GATED
-from tmem.probes.base import Probe, ProbeInput, mixers_without
+from tmem.probes import rank_one_edit
+from tmem.probes.base import Probe, ProbeInput
 from tmem.probes.memory_state import effective_rank
 
 
@@ -63,10 +63,8 @@ def properties(w_in: np.ndarray, hidden: np.ndarray, bias: np.ndarray | None = N
 
 
 def run(inp: ProbeInput) -> tuple[dict, dict]:
-    from tmem.probes.rank_one_edit import prepare
-
     mlp = inp.model.blocks[len(inp.model.blocks) - 1].mlp
-    facts = prepare(inp, {"ridge": 0.0})
+    facts = rank_one_edit.prepare(inp, {"ridge": 0.0})
     bias = getattr(mlp.w_in, "bias", None)
     metrics = properties(np.asarray(mlp.w_in.kernel[...]), np.asarray(facts["H"]),
                          None if bias is None else np.asarray(bias[...]))
@@ -74,14 +72,11 @@ def run(inp: ProbeInput) -> tuple[dict, dict]:
 
 
 def applies(cfg) -> str | None:
-    if cfg.task.name != "memorize":
-        return f"needs a memorize run, not {cfg.task.name!r}"
-    if not isinstance(cfg.mlp, DenseConfig) or cfg.mlp.name == "none":
-        return f"reads a dense MLP's keys; mlp={cfg.mlp.name} has none"
+    """A memorize run's dense MLP without a mixer, as the rank-one edit reads it, with one key per unit."""
+    if reason := rank_one_edit.applies(cfg):
+        return reason
     if cfg.mlp.name in GATED:
         return f"reads one key per hidden unit; mlp={cfg.mlp.name} gates each unit with a second one"
-    if others := mixers_without(cfg, lambda m: not m.mixes):
-        return f"needs a model without a mixer (mixer=none), whose facts read their token alone, not {others!r}"
     return None
 
 
