@@ -119,8 +119,8 @@ def figure(found: list[dict], fitted: list[dict]):
         ax.set(xscale="log", yscale="log", xlabel="state size (elements per sequence, all layers)",
                ylabel="pairs recalled (accuracy x pairs)", title=f"MQAR, seq len {T}, {P} pairs")
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Pairs recalled against state size; bars: min to max over seeds; dashed: the law fitted below "
-                 f"{SATURATED} accuracy", fontsize=9)
+    fig.suptitle(f"pairs recalled (median; bars: min to max over seeds)\ndashed: the law fitted below {SATURATED} "
+                 "accuracy; dotted: every pair", fontsize=9)
     fig.tight_layout()
     return fig
 

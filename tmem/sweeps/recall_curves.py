@@ -83,7 +83,7 @@ def figure(points: list[dict]):
     panels = sorted({(p["seq_len"], p["num_kv_pairs"]) for p in points})
     mixers = sorted({p["mixer"] for p in points}, key=lambda m: (m != "softmax", m))
     colors = {m: colormaps["tab10"](i % 10) for i, m in enumerate(mixers)}
-    fig = Figure(figsize=(3.4 * max(len(panels), 1), 3.3))
+    fig = Figure(figsize=(max(3.4 * len(panels), 6.0), 3.6))  # one panel: room for the title
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False, sharey=True)
     for ax, (T, kv) in zip(axes[0], panels):
         for m in mixers:
