@@ -62,7 +62,7 @@ def jobs(script: str, multirun: bool, overrides: list[str]) -> list[list[str]]:
     """
     sweeps = {}
     if script == "train" and multirun:
-        first = [o if "," not in o.partition("=")[2] else o.split(",")[0] for o in overrides]
+        first = [f"{k}={_values(v)[0]}" if v else o for o in overrides for k, _, v in [o.partition("=")]]
         params = compose_config(first, with_hydra=True).hydra.sweeper.params
         sweeps = {k: _values(str(v)) for k, v in (params or {}).items()}
     fixed = []

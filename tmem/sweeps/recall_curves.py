@@ -6,7 +6,9 @@
 Gathers every finished run under the given directories (a run is a folder
 holding summary.json and .hydra/config.yaml) and draws `recall_curves.png`
 and `.svg`: one panel per sequence length and number of key-value pairs,
-accuracy against model width, one line per mixer. Each point is a cell's
+accuracy against model width, one line per memory (the mixer; a sliding
+window or a hybrid stack is its own line, `softmax w8`,
+`gated_deltanet+softmax`: tmem.sweeps.runs.memory). Each point is a cell's
 median over its seeds, its bar their min to max; where a cell was also swept
 over another setting such as the learning rate, the point is the
 configuration (the run's overrides less train.seed) with the best median
@@ -24,7 +26,7 @@ from omegaconf import OmegaConf
 
 from tmem.sweeps.command import Drawn, gather_command
 from tmem.sweeps.gather import SEED
-from tmem.sweeps.runs import find_runs, overrides, read_each, summary
+from tmem.sweeps.runs import find_runs, memory, overrides, read_each, summary
 from tmem.sweeps.seeds import order_statistics
 
 CELL = ("mixer", "width", "seq_len", "num_kv_pairs")
@@ -38,14 +40,24 @@ def read_run(run_dir: Path, metric: str = "eval/accuracy") -> dict:
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     setting = " ".join(f"{k}={v}" for k, v in sorted(overrides(run_dir).items()) if k != SEED)
     return {
-        "mixer": cfg.mixer.name, "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
+        "mixer": memory(cfg), "width": int(cfg.model.width), "seq_len": int(cfg.task.seq_len),
         "num_kv_pairs": int(cfg.task.get("num_kv_pairs", 0)),
-        "lr": float(fields["recipe.lr"]),  # the rate it trained at: optim.lr, or the row's (mixer.recipe.lr)
+        "lr": trained_rate(fields, cfg),
         "seed": int(cfg.train.seed), "accuracy": fields.get(metric), "loss": fields.get("eval/loss"),
         "status": fields.get("status"), "steps": fields.get("steps"),
         "wall_seconds": fields.get("wall_seconds"), "parameters": fields.get("parameters"),
         "state_size": fields.get("state_size"), "configuration": setting, "run_dir": str(run_dir),
     }
+
+
+def trained_rate(fields: dict, cfg) -> float:
+    """The rate a run trained at: its summary's recipe (optim.lr, or the row's), or, in a summary written before
+    the summary had one, the composed config's optim.lr, else the row's under its name then or now."""
+    if fields.get("recipe.lr") is not None:
+        return float(fields["recipe.lr"])
+    mixer = cfg.get("mixer") or {}
+    rate = cfg.optim.get("lr") if "optim" in cfg else None
+    return float(rate if rate is not None else (mixer.get("recipe") or {}).get("lr", mixer.get("lr")))
 
 
 def gather(roots: list[str | Path]) -> list[dict]:
@@ -81,7 +93,7 @@ def figure(points: list[dict]):
     panels = sorted({(p["seq_len"], p["num_kv_pairs"]) for p in points})
     mixers = sorted({p["mixer"] for p in points}, key=lambda m: (m != "softmax", m))
     colors = {m: colormaps["tab10"](i % 10) for i, m in enumerate(mixers)}
-    fig = Figure(figsize=(3.4 * max(len(panels), 1), 3.3))
+    fig = Figure(figsize=(max(3.4 * len(panels), 6.0), 3.6))  # one panel: room for the title
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False, sharey=True)
     for ax, (T, kv) in zip(axes[0], panels):
         for m in mixers:

@@ -60,6 +60,20 @@ def overrides(run_dir: Path) -> dict[str, str]:
     return {key: value for key, value, *_ in (pair + [""] for pair in pairs)}
 
 
+def memory(cfg) -> str:
+    """The memory a run's config trains, by name: its mixer, a sliding window's size after it (`softmax w8`), a
+    hybrid's layers joined by "+" in stack order (`gated_deltanet+softmax w8`), so that runs of one row whose
+    memories differ in kind or size are told apart. A hybrid's layer named by its row alone takes the mixer
+    group's knobs where it is the group's row, as training does."""
+    def named(layer) -> str:
+        if isinstance(layer, str):
+            layer = cfg.mixer if layer == cfg.mixer.name else {"name": layer}
+        window = layer.get("window")
+        return f"{layer['name']} w{window}" if window else str(layer["name"])
+
+    return "+".join(named(layer) for layer in (cfg.model.get("mixers") or [cfg.mixer]))
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """Nested sections as dotted keys ({"recipe": {"lr": 1e-3}} -> {"recipe.lr": 1e-3}); lists are dropped,
     since a CSV cell holds one value."""
