@@ -14,8 +14,8 @@ from tmem.memory.linear_state import recurrent
 from tmem.model import build_model
 from tmem.probes import PROBES
 from tmem.probes.learned_keys import (by_pairs_report, chance, figure, key_measures, learned_keys, nearest_value,
-                                      queried_pairs, read_weights, retrieved, signal_to_crosstalk, unit_keys,
-                                      write_offset)
+                                      nearest_written, queried_pairs, read_weights, retrieved, signal_to_crosstalk,
+                                      unit_keys, write_offset)
 from tmem.probes.memory_state import read_through
 
 RNG = np.random.default_rng(0)
@@ -80,6 +80,15 @@ def test_identical_keys_hold_nothing():
     W = one_sequence(K)[-1:].repeat(P, 0)  # the last read, after every write, at each pair's (same) key
     assert not retrieved(W, np.arange(P)).any()  # every pair weighed alike: a tie is no retrieval
     np.testing.assert_allclose(signal_to_crosstalk(W, np.arange(P)), 1 / np.sqrt(P - 1), rtol=1e-5)
+
+
+def test_every_value_written_up_to_the_read_competes():
+    values = np.eye(4)  # four tokens' values; the read is made at token 2, its pair written at token 0
+    own, at = np.array([0, 0, 0]), np.array([2, 2, 2])
+    reads = np.array([[1.0, 0.5, 0, 0.9], [0.4, 1.0, 0, 0], [0.4, 0, 0, 1.0]])
+    # a later value (token 3) does not compete; an earlier one that is no pair's (token 1) does
+    np.testing.assert_array_equal(nearest_written(reads, values, own, at), [True, False, True])
+    assert nearest_value(reads, values[[0, 2]], np.zeros(3, int)).all()  # among the pairs' values alone: all
 
 
 def test_the_delta_rule_keeps_the_newest_pair_exactly_and_older_ones_only_on_orthogonal_keys():

@@ -19,6 +19,8 @@ then kept), the same for every pair of a layer. For each held-out query, of pair
   the values were orthogonal codes;
 * `read`: retrievable when the replayed read r is closer in cosine to the value written for pair j than to any
   other pair's value: the keys and the layer's values, whose overlaps add the crosstalk the kernel leaves out;
+* `read_written`: the same against every value written up to the query (key tokens, fillers, earlier queries
+  too): the layer does not know which of its writes are pairs;
 * `random_kernel`, `random_read`: the same with every written key replaced by an independent random unit key of
   the same d_k and each query by its pair's key exactly (values, write strengths and decays kept): Chapter 3's
   random-key store under the layer's rule, against which training the keys is measured;
@@ -49,7 +51,7 @@ from tmem.probes.memory_state import effective_rank, heldout_pairs, mean_squared
 
 # pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them
 DEFAULTS = {"sequences": 256, "chunk": 64, "pair_counts": None, "seed": 0}
-PREDICTIONS = ("kernel", "read")
+PREDICTIONS = ("kernel", "read", "read_written")
 
 
 # ---- the theory (pure) ----
@@ -73,12 +75,24 @@ def retrieved(scores: np.ndarray, pair: np.ndarray) -> np.ndarray:
     return own > others.max(-1)
 
 
+def cosines(reads: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The cosine of every read [..., Q, d] with every value [..., P, d]: [..., Q, P]."""
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)  # noqa: E731
+    return unit(np.asarray(reads, np.float64)) @ np.swapaxes(unit(np.asarray(values, np.float64)), -1, -2)
+
+
 def nearest_value(reads: np.ndarray, values: np.ndarray, pair: np.ndarray) -> np.ndarray:
     """Whether each read [..., Q, d] is closer in cosine to its pair's value than to any other of values
     [..., P, d]."""
-    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)  # noqa: E731
-    return retrieved(unit(np.asarray(reads, np.float64)) @ np.swapaxes(unit(np.asarray(values, np.float64)), -1, -2),
-                     pair)
+    return retrieved(cosines(reads, values), pair)
+
+
+def nearest_written(reads: np.ndarray, values: np.ndarray, own: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each read [..., Q, d] made at position `at` [..., Q] is closer in cosine to the value written at
+    its pair's token `own` [..., Q] than to any other value written up to it (values [..., T, d]): the layer does
+    not know which of its writes are pairs, so every value in it competes."""
+    cos = cosines(reads, values)
+    return retrieved(np.where(np.arange(cos.shape[-1]) <= at[..., None], cos, -np.inf), own)
 
 
 def signal_to_crosstalk(weights: np.ndarray, own: np.ndarray) -> np.ndarray:
@@ -133,14 +147,17 @@ def write_offset(weights: np.ndarray, pair: np.ndarray, key_positions: np.ndarra
     return list(offsets)[int(np.argmax(means))], means
 
 
-def _predictions(W, values, pair, written) -> dict[str, np.ndarray]:
+def _predictions(W, values, pos, pair, written) -> dict[str, np.ndarray]:
     """Per query [N, H, Q], from the read weights W [N, H, Q, T] and the values written [N, T, H, d_v]: whether
-    the kernel and the read retrieve the query's pair, and the kernel's signal-to-crosstalk ratio."""
-    reads = np.einsum("nhqt,nthd->nhqd", W, np.asarray(values, np.float64))
+    the kernel and the read retrieve the query's pair (the read among the pairs' values, and among every value
+    written up to the query), and the kernel's signal-to-crosstalk ratio."""
+    values = np.moveaxis(np.asarray(values, np.float64), 2, 1)  # [N, H, T, d_v]
+    reads = W @ values
     pair_h = np.broadcast_to(pair[:, None], W.shape[:-1])
-    pair_values = np.moveaxis(np.asarray(values)[:, written], 2, 1)  # [N, H, P, d_v]
-    return {"kernel": retrieved(W[..., written], pair_h), "read": nearest_value(reads, pair_values, pair_h),
-            "signal_to_crosstalk": signal_to_crosstalk(W, written[pair_h])}
+    own = written[pair_h]
+    return {"kernel": retrieved(W[..., written], pair_h), "read": nearest_value(reads, values[:, :, written], pair_h),
+            "read_written": nearest_written(reads, values, own, pos[:, None]),
+            "signal_to_crosstalk": signal_to_crosstalk(W, own)}
 
 
 def _layer(sown, delta, pos, pair, key_positions, offsets, key) -> dict:
@@ -158,8 +175,8 @@ def _layer(sown, delta, pos, pair, key_positions, offsets, key) -> dict:
     pair_keys = np.moveaxis(keys[:, written], 2, 1)  # [N, H, P, d_k]
     q_own = _gather(queries, pos)  # [N, H, Q, d_k]
     k_own = np.take_along_axis(pair_keys, np.broadcast_to(pair[:, None], q_own.shape[:-1])[..., None], 2)
-    return {**_predictions(W, values, pair, written),
-            **{f"random_{name}": x for name, x in _predictions(W_random, values, pair, written).items()},
+    return {**_predictions(W, values, pos, pair, written),
+            **{f"random_{name}": x for name, x in _predictions(W_random, values, pos, pair, written).items()},
             "query_key_cosine": np.sum(q_own * k_own, -1) / np.maximum(
                 np.linalg.norm(q_own, axis=-1) * np.linalg.norm(k_own, axis=-1), 1e-30),
             "pair_keys": pair_keys, "random_pair_keys": np.moveaxis(random[:, written], 2, 1),
@@ -217,7 +234,7 @@ def by_pairs_report(reports: list[dict]) -> dict:
     flat = {"pairs": [r["pairs"] for r in reports], "measured": [r["measured"] for r in reports], "layers": {}}
     for i, first in reports[0]["layers"].items():
         curves = {name: [r["layers"][i][name] for r in reports] for name, v in first.items()
-                  if isinstance(v, (int, float))}
+                  if isinstance(v, (int, float, list))}
         for group in ("keys", "random"):
             curves.update({f"{group}_{name}": [r["layers"][i][group][name] for r in reports] for name in first[group]})
         flat["layers"][i] = curves
