@@ -49,7 +49,8 @@ from tmem.mixers.fast_weight import FastWeight
 from tmem.probes.base import Probe, ProbeInput, mixers_without
 from tmem.probes.memory_state import effective_rank, heldout_pairs, mean_squared_cosine, read_through
 
-# pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them
+# pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them;
+# seed: the random keys' draw
 DEFAULTS = {"sequences": 256, "chunk": 64, "pair_counts": None, "seed": 0}
 PREDICTIONS = ("kernel", "read", "read_written")
 
