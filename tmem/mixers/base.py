@@ -189,9 +189,9 @@ class Mixer(nnx.Module):
     """
 
     # the intermediates it sows under nnx.capture (a no-op otherwise), which probes read: `state` (the final
-    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `writes` (what else each token
-    # writes: its values [B, T, H, d_v], log decay [B, T, H, 1 or d_k] and write strength [B, T, H]),
-    # `attention` (each head's weights)
+    # memory), `keys` (the keys it wrote, [B, T, H, d_k], what enters the state), `queries` (what reads it, the
+    # same shape), `writes` (what else each token writes: its values [B, T, H, d_v], log decay [B, T, H, 1 or
+    # d_k] and write strength [B, T, H]), `attention` (each head's weights)
     sows: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod

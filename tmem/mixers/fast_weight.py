@@ -258,11 +258,11 @@ def _inverse_softplus(y):
 class FastWeight(Mixer):
     """A fast-weight memory layer: project, write every token into the state, read it with the queries.
 
-    The final state of each call is sown as the `state` intermediate, the keys it wrote (after the
-    convolution, feature map and normalisation) as `keys`, and their values, decays and strengths as `writes`.
+    Sown under nnx.capture: the final `state`, the `keys` it wrote (after the convolution, feature map and
+    normalisation), the `queries` it read with, and the keys' values, decays and strengths as `writes`.
     """
 
-    sows = frozenset({"state", "keys", "writes"})
+    sows = frozenset({"state", "keys", "queries", "writes"})
 
     def __init__(self, cfg: FastWeightConfig, width: int, *, rope: bool, rngs: nnx.Rngs):
         del rope  # these rows take positions from the convolution and the decay
@@ -366,9 +366,9 @@ class FastWeight(Mixer):
         if cfg.groups not in (1, H):  # each group's q and k to its heads, in contiguous blocks as in Mamba-2
             q, k = (jnp.repeat(y, H // cfg.groups, axis=2) for y in (q, k))
         # one group stays [B, T, 1, d_phi]: the memory broadcasts it over the heads (tmem.memory.linear_state)
-        # the keys as the state receives them [B, T, H, d_phi]; a no-op outside nnx.capture (memory_state probe)
-        self.sow(nnx.Intermediate, "keys", jnp.broadcast_to(k, (B, T, H, self.d_phi)), capture_noop=True)
         q = q * (cfg.q_scale if cfg.q_scale is not None else self.d_phi ** -0.5)
+        for name, y in (("keys", k), ("queries", q)):  # as written and read [B, T, H, d_phi]; for the probes
+            self.sow(nnx.Intermediate, name, jnp.broadcast_to(y, (B, T, H, self.d_phi)), capture_noop=True)
         values = jnp.concatenate([v, jnp.ones((B, T, H, 1), v.dtype)], -1) if cfg.normalize else v
         log_a, beta = self.decay_and_strength(p)
         self.sow(nnx.Intermediate, "writes", (v, jnp.zeros((B, T, H, 1)) if log_a is None else

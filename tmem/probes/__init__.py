@@ -1,7 +1,7 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
 from tmem.probes import capacity, gd_match, induction, keys_move, least_squares, many_edits, memory_state
-from tmem.probes import dilution, heldout, mlp_keys, mqar_distance, rank_one_edit, rephrasing, roles
+from tmem.probes import dilution, heldout, learned_keys, mlp_keys, mqar_distance, rank_one_edit, rephrasing, roles
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
@@ -19,6 +19,7 @@ PROBES: dict[str, Probe] = {
     "least_squares": least_squares.probe,
     "roles": roles.probe,
     "mlp_keys": mlp_keys.probe,
+    "learned_keys": learned_keys.probe,
 }
 
 __all__ = ["PROBES", "Probe", "ProbeInput"]

@@ -23,18 +23,16 @@ its sums; its read matrix (H + Lambda)^-1 G is what is compared, its exact solve
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import numpy as np
 from flax import nnx
 
-from tasks import heldout
 from tmem.mixers.base import NoMatrix
 from tmem.mixers import layer_of
 from tmem.probes.base import Probe, ProbeInput, mixers_without
-from tmem.probes.memory_state import captured
+from tmem.probes.memory_state import captured, heldout_pairs
 
 # pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them
 DEFAULTS = {"sequences": 256, "chunk": 128, "ridges": [0.01, 0.1, 1.0], "pair_counts": None}
@@ -228,10 +226,7 @@ def run(inp: ProbeInput):
     counts = o["pair_counts"] or [task.num_kv_pairs]
     by_pairs = {}
     for pairs in counts:
-        at = dataclasses.replace(task, num_kv_pairs=pairs, seq_len=max(task.seq_len, 4 * pairs * task.num_passes))
-        batch = heldout(at)
-        batch = batch.replace(**{f: getattr(batch, f)[:o["sequences"]]
-                                 for f in ("inputs", "targets", "mask", "positions")})
+        at, batch = heldout_pairs(task, pairs, o["sequences"])
         by_pairs[str(pairs)] = least_squares(inp.model, batch, at, ridges, o["chunk"])
     first = next(iter(by_pairs.values()))
     if not any(r["compared"] for r in first["layers"].values()):

@@ -25,6 +25,7 @@ are reported as such, in their state's words. `key_cosines_figure` shows one seq
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -100,6 +101,14 @@ def stored_positions(task) -> tuple[np.ndarray, np.ndarray]:
     return 2 * kv * np.repeat(np.arange(passes), kv) + 2 * pair, pair
 
 
+def heldout_pairs(task, pairs: int, sequences: int):
+    """The task with `pairs` pairs (lengthened to fit them: half its tokens a query region) and the first
+    `sequences` of its held-out set."""
+    at = dataclasses.replace(task, num_kv_pairs=pairs, seq_len=max(task.seq_len, 4 * pairs * task.num_passes))
+    batch = heldout(at)
+    return at, batch.replace(**{f: getattr(batch, f)[:sequences] for f in ("inputs", "targets", "mask", "positions")})
+
+
 # ---- the rows' matrices ----
 
 def matrix_memory(layer, state) -> tuple[np.ndarray | None, str | None]:
@@ -114,12 +123,12 @@ def matrix_memory(layer, state) -> tuple[np.ndarray | None, str | None]:
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _forward(graphdef, params, tokens, names):
     model = nnx.merge(graphdef, params)
-    (_, states), inter = nnx.capture(model.forward, nnx.Intermediate)(tokens)
+    (logits, states), inter = nnx.capture(model.forward, nnx.Intermediate)(tokens)
     n, sown = len(model.blocks), []
     for i in range(len(states)):  # a tied block sows one entry per application
         mixer = _child(_child(_child(inter, "blocks"), i % n), "mixer")
         sown.append({name: mixer[name][i // n] for name in names if name in model.blocks[i % n].mixer.sows})
-    return states, sown
+    return logits, states, sown
 
 
 def _child(tree, name):
@@ -127,11 +136,16 @@ def _child(tree, name):
     return tree[name] if name in tree else {}
 
 
-def captured(model, tokens, names: tuple[str, ...]) -> tuple[list, list[dict]]:
-    """Every block application's final mixer state, and what its mixer sowed under each of `names` (those it
-    declares in `Mixer.sows`), in one compiled forward pass."""
+def read_through(model, tokens, names: tuple[str, ...]) -> tuple[jax.Array, list, list[dict]]:
+    """The logits at every position, every block application's final mixer state, and what its mixer sowed
+    under each of `names` (those it declares in `Mixer.sows`), in one compiled forward pass."""
     graphdef, params = nnx.split(model)
     return _forward(graphdef, params, tokens, names)
+
+
+def captured(model, tokens, names: tuple[str, ...]) -> tuple[list, list[dict]]:
+    """`read_through` without the logits: the states and what was sown."""
+    return read_through(model, tokens, names)[1:]
 
 
 def written(model, tokens) -> tuple[list, list]:
