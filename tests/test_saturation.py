@@ -1,0 +1,58 @@
+"""The saturation probe's gradient at W_K and entropy, on models and rows where they are known exactly."""
+
+import jax
+import numpy as np
+import pytest
+
+from tasks import heldout
+from tmem.probes.saturation import key_gradients, query_entropy, read_early
+
+
+@pytest.fixture
+def tiny(tiny_cfg):
+    """make(*overrides) -> (a fresh tiny softmax model, its task, a held-out batch of 8)."""
+    from tmem.model import build_model
+
+    def make(*overrides):
+        cfg, _ = tiny_cfg(*overrides)
+        return build_model(cfg, cfg.task), cfg.task, jax.tree.map(lambda x: x[:8], heldout(cfg.task))
+
+    return make
+
+
+def zero_columns(model, start: int, stop: int) -> None:
+    """Zero the columns [start, stop) of every layer's fused q, k, v kernel ([D, D + 2E]: W_Q, then W_K, W_V)."""
+    for block in model.blocks:
+        block.mixer.qkv.kernel[...] = block.mixer.qkv.kernel[...].at[:, start:stop].set(0.0)
+
+
+def test_no_gradient_reaches_w_k_when_the_logits_cannot_depend_on_the_keys(tiny):
+    """Zero queries (W_Q = 0) give every logit 0 whatever the keys: dL/dW_K is exactly 0 in every layer. Zero keys
+    instead leave dL/dW_K = dL/dlogits q x^T, not 0: the probe's slice is W_K's, not W_Q's. And beta = 0 (a
+    uniform read) also cuts the keys off, while the loss still has a gradient."""
+    model, task, batch = tiny()
+    D = model.blocks[0].mixer.heads * model.blocks[0].mixer.d_head
+    zero_columns(model, 0, D)
+    assert key_gradients(model, task, batch)["key_grad_norms"] == [0.0, 0.0]
+    model, task, batch = tiny()
+    zero_columns(model, D, 2 * D)
+    assert min(key_gradients(model, task, batch)["key_grad_norms"]) > 1e-6
+    model, task, batch = tiny("mixer.qk_norm=l2", "mixer.temperature=0")
+    g = key_gradients(model, task, batch)
+    assert g["key_grad_norms"] == [0.0, 0.0] and g["grad_norm"] > 1e-3
+
+
+def test_query_entropy_reads_the_rows_at_the_query_positions_of_every_layer_and_head():
+    A = np.zeros((2, 1, 2, 4, 4))  # [depth, B, H, T, S]
+    A[:, 0, :, 3] = 0.25  # the query at 3: uniform over 4 keys in every layer and head
+    A[:, 0, :, 2, 0] = 1.0  # position 2 is not a query: one-hot, not read
+    assert query_entropy(A, np.array([[3]])) == pytest.approx(np.log(4))
+    A[1, 0, 1, 3] = 1.0, 0.0, 0.0, 0.0  # one of the four rows one-hot
+    assert query_entropy(A, np.array([[3]])) == pytest.approx(0.75 * np.log(4))
+
+
+def test_a_uniform_read_reads_as_the_uniform_row(tiny):
+    model, task, batch = tiny("mixer.qk_norm=l2", "mixer.temperature=0")
+    rows = read_early([(0, model)], task, examples=8)
+    assert rows["step"] == [0] and rows["key_grad_norm"] == [0.0]
+    assert rows["entropy"][0] == pytest.approx(rows["uniform_entropy"], abs=1e-5)
