@@ -18,7 +18,8 @@ The probe reads the trained model at each length n of the task (eval.py's
 task overrides, tmem.train.task_overrides: a learned position table is
 refused past its rows) and reports, per n, the held-out accuracy, the mean
 entropy of those rows and of a uniform row over the same keys, the mean
-target weight, and the median over queries of the two terms (a ratio over
+target weight, the mean weight on the key's echoes in the filler (below),
+and the median over queries of the two terms (a ratio over
 a weight near zero has a long tail, which a mean would follow).
 """
 
@@ -69,6 +70,19 @@ def pair_rows(A, positions, distance) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(rows, best[..., None, None], axis=2)[:, :, 0], pair
 
 
+def echoes(tokens, positions, distance) -> np.ndarray:
+    """[B, Q, S]: the keys before each query, other than its pair, that hold its key token or follow one. A long
+    MQAR sequence repeats the key among its random filler (each token about n / vocab times), and a head that
+    reads "the token after my key" may read those as well as the pair."""
+    tokens, positions = np.asarray(tokens), np.asarray(positions)
+    key = positions - np.asarray(distance)
+    query = np.take_along_axis(tokens, positions, axis=1)[..., None]  # [B, Q, 1]: the key token
+    s = np.arange(tokens.shape[1])
+    after = np.concatenate([np.full_like(tokens[:, :1], -1), tokens[:, :-1]], axis=1)  # the token before each s
+    same = (tokens[:, None] == query) | (after[:, None] == query)
+    return same & (s < positions[..., None]) & (s != key[..., None]) & (s != key[..., None] + 1)
+
+
 def read_at_length(model, task, examples: int = EXAMPLES) -> dict[str, float]:
     """The held-out accuracy on `task` and the reading terms of `examples` of its held-out sequences."""
     batch = heldout(task)
@@ -76,12 +90,15 @@ def read_at_length(model, task, examples: int = EXAMPLES) -> dict[str, float]:
     for i in range(0, min(examples, task.heldout_size), CHUNK):
         few = slice(i, min(i + CHUNK, examples))
         A = forward_with_attention(model, batch.inputs[few])[1]
-        for name, value in reading_terms(*pair_rows(A, batch.positions[few], batch.meta["distance"][few])).items():
+        rows, pair = pair_rows(A, batch.positions[few], batch.meta["distance"][few])
+        echo = echoes(batch.inputs[few], batch.positions[few], batch.meta["distance"][few])
+        for name, value in {**reading_terms(rows, pair), "echo_weight": np.sum(rows * echo, axis=-1)}.items():
             terms.setdefault(name, []).append(value.ravel())
         terms.setdefault("uniform_entropy", []).append(np.log(np.asarray(batch.positions[few]) + 1.0).ravel())
     terms = {name: np.concatenate(value) for name, value in terms.items()}
     return {"accuracy": heldout_metrics(model, task)["accuracy"],
-            **{name: float(np.mean(terms[name])) for name in ("entropy", "uniform_entropy", "target_weight")},
+            **{name: float(np.mean(terms[name])) for name in ("entropy", "uniform_entropy", "target_weight",
+                                                                 "echo_weight")},
             **{name: float(np.median(terms[name])) for name in ("crowd", "noise")}}
 
 
@@ -102,6 +119,7 @@ def diffusion_figure(rows, name: str):
     n = rows["read_length"]
     acc.plot(n, rows["accuracy"], "o-", label="held-out accuracy")
     acc.plot(n, rows["target_weight"], "s--", label="weight on the pair")
+    acc.plot(n, rows["echo_weight"], "^:", label="weight on the key's echoes")
     acc.set(ylim=(0, 1.05), xlabel="read length n")
     ent.plot(n, rows["entropy"], "o-", label="best head's row")
     ent.plot(n, rows["uniform_entropy"], "k:", label="uniform row")
