@@ -5,7 +5,7 @@ import pytest
 
 from tasks import MQAR, heldout
 from tmem.probes.base import ProbeInput
-from tmem.probes.diffusion import echoes, pair_rows, read_lengths, reading_terms, row_entropy, run
+from tmem.probes.diffusion import echoes, pair_rows, where_weight, read_lengths, reading_terms, row_entropy, run
 
 
 @pytest.mark.parametrize("beta, M", [(0.0, 7), (2.0, 63), (5.0, 1023)])
@@ -46,6 +46,15 @@ def test_echoes_are_the_earlier_copies_of_the_key_and_the_tokens_after_them_outs
     assert np.flatnonzero(echo[0, 0]).tolist() == [4, 5, 6, 7]
 
 
+def test_where_weight_splits_the_rest_of_the_row_among_the_other_pairs_the_trained_span_and_beyond():
+    row = np.zeros((1, 1, 12))
+    row[0, 0, [0, 2, 4, 8, 11]] = 0.1, 0.5, 0.1, 0.2, 0.1  # other pair, the pair (2-3), beyond, near, the query
+    pair = (np.arange(12) == 2) | (np.arange(12) == 3)
+    where = where_weight(row, pair[None, None], np.array([[11]]), context=4, span=4)  # offsets 0-3: keys 8-11
+    assert {k: float(v[0, 0]) for k, v in where.items()} == pytest.approx(
+        {"context_weight": 0.1, "near_weight": 0.3, "far_weight": 0.1})
+
+
 def test_read_lengths_double_from_the_trained_length_while_the_vocabulary_exceeds_them():
     assert read_lengths(MQAR(seq_len=64, vocab=1032)) == [64, 128, 256, 512, 1024]
     assert read_lengths(MQAR(seq_len=64, vocab=300)) == [64, 128, 256]
@@ -64,4 +73,6 @@ def test_a_uniform_read_is_the_uniform_row(tiny_cfg):
     q = np.asarray(heldout(cfg.task).positions[:8])
     assert rows["target_weight"][0] == pytest.approx(np.mean(2 / (q + 1)), abs=1e-5)
     assert 0 <= rows["echo_weight"][0] <= 1 - rows["target_weight"][0] + 1e-6
+    parts = ("target_weight", "context_weight", "near_weight", "far_weight")
+    assert sum(rows[k][0] for k in parts) == pytest.approx(1.0, abs=1e-5)
     assert set(figures) == {"diffusion"}

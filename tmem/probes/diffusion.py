@@ -18,8 +18,9 @@ The probe reads the trained model at each length n of the task (eval.py's
 task overrides, tmem.train.task_overrides: a learned position table is
 refused past its rows) and reports, per n, the held-out accuracy, the mean
 entropy of those rows and of a uniform row over the same keys, the mean
-target weight, the mean weight on the key's echoes in the filler (below),
-and the median over queries of the two terms (a ratio over
+target weight, where the rest of the row goes (the other pairs, the tokens
+within the trained length of the query, those beyond it, and the key's
+echoes in the filler, below), and the median over queries of the two terms (a ratio over
 a weight near zero has a long tail, which a mean would follow).
 """
 
@@ -83,8 +84,24 @@ def echoes(tokens, positions, distance) -> np.ndarray:
     return same & (s < positions[..., None]) & (s != key[..., None]) & (s != key[..., None] + 1)
 
 
-def read_at_length(model, task, examples: int = EXAMPLES) -> dict[str, float]:
-    """The held-out accuracy on `task` and the reading terms of `examples` of its held-out sequences."""
+WHERE = ("context_weight", "near_weight", "far_weight")
+
+
+def where_weight(rows, pair, positions, context: int, span: int) -> dict[str, np.ndarray]:
+    """Where a row's weight off the pair goes [B, Q] each: to the other pairs (the first `context` tokens), to
+    the other tokens at most `span` back from the query (offsets training saw: span = the trained length), and
+    to those further back (offsets it never saw)."""
+    rows, pair, positions = np.asarray(rows), np.asarray(pair, bool), np.asarray(positions)
+    s = np.arange(rows.shape[-1])
+    in_context = (s < context) & ~pair
+    near = (s > positions[..., None] - span) & ~pair & ~in_context
+    return {"context_weight": np.sum(rows * in_context, -1), "near_weight": np.sum(rows * near, -1),
+            "far_weight": np.sum(rows * ~(pair | in_context | near), -1)}
+
+
+def read_at_length(model, task, span: int, examples: int = EXAMPLES) -> dict[str, float]:
+    """The held-out accuracy on `task` and the reading terms of `examples` of its held-out sequences; `span`:
+    the trained length, the offsets `near_weight` counts."""
     batch = heldout(task)
     terms: dict[str, list] = {}
     for i in range(0, min(examples, task.heldout_size), CHUNK):
@@ -92,13 +109,15 @@ def read_at_length(model, task, examples: int = EXAMPLES) -> dict[str, float]:
         A = forward_with_attention(model, batch.inputs[few])[1]
         rows, pair = pair_rows(A, batch.positions[few], batch.meta["distance"][few])
         echo = echoes(batch.inputs[few], batch.positions[few], batch.meta["distance"][few])
-        for name, value in {**reading_terms(rows, pair), "echo_weight": np.sum(rows * echo, axis=-1)}.items():
+        context = 2 * task.num_kv_pairs * task.num_passes + 2 * task.distractor_pairs
+        for name, value in {**reading_terms(rows, pair), "echo_weight": np.sum(rows * echo, axis=-1),
+                            **where_weight(rows, pair, batch.positions[few], context, span)}.items():
             terms.setdefault(name, []).append(value.ravel())
         terms.setdefault("uniform_entropy", []).append(np.log(np.asarray(batch.positions[few]) + 1.0).ravel())
     terms = {name: np.concatenate(value) for name, value in terms.items()}
     return {"accuracy": heldout_metrics(model, task)["accuracy"],
             **{name: float(np.mean(terms[name])) for name in ("entropy", "uniform_entropy", "target_weight",
-                                                                 "echo_weight")},
+                                                                 "echo_weight", *WHERE)},
             **{name: float(np.median(terms[name])) for name in ("crowd", "noise")}}
 
 
@@ -114,20 +133,22 @@ def read_lengths(task, longest: int = LONGEST) -> list[int]:
 def diffusion_figure(rows, name: str):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 3.2))
-    acc, ent, terms = fig.subplots(1, 3)
+    fig = Figure(figsize=(12, 3.2))
+    acc, where, ent, terms = fig.subplots(1, 4)
     n = rows["read_length"]
     acc.plot(n, rows["accuracy"], "o-", label="held-out accuracy")
     acc.plot(n, rows["target_weight"], "s--", label="weight on the pair")
-    acc.plot(n, rows["echo_weight"], "^:", label="weight on the key's echoes")
     acc.set(ylim=(0, 1.05), xlabel="read length n")
+    for key, mark in zip((*WHERE, "echo_weight"), "v<>^"):
+        where.plot(n, rows[key], f"{mark}-", label=key.replace("_", " "))
+    where.set(ylim=(0, 1.05), xlabel="read length n", ylabel="weight off the pair")
     ent.plot(n, rows["entropy"], "o-", label="best head's row")
     ent.plot(n, rows["uniform_entropy"], "k:", label="uniform row")
     ent.set(xlabel="read length n", ylabel="entropy (nats)")
     terms.plot(n, rows["crowd"], "o-", label="others' weight / target's")
     terms.plot(n, rows["noise"], "s-", label="value noise / target's")
     terms.set(xlabel="read length n", yscale="log")
-    for ax in (acc, ent, terms):
+    for ax in (acc, where, ent, terms):
         ax.set_xscale("log", base=2)
         ax.legend(fontsize=7)
     fig.suptitle(f"{name}: reading a pair at lengths past training")
@@ -139,7 +160,8 @@ def run(inp: ProbeInput):
     """options.diffusion.lengths: the read lengths (default the trained length doubled up to 1,024 while below
     the vocabulary); options.diffusion.examples: sequences whose attention is read at each (default 32)."""
     lengths = [int(n) for n in inp.options.get("lengths", read_lengths(inp.cfg.task))]
-    read = partial(read_at_length, inp.model, examples=int(inp.options.get("examples", EXAMPLES)))
+    read = partial(read_at_length, inp.model, span=inp.cfg.task.seq_len,
+                   examples=int(inp.options.get("examples", EXAMPLES)))
     per_length = [read(with_task(inp.cfg, {"seq_len": n}).task) for n in lengths]
     rows = {"read_length": lengths, **{k: [r[k] for r in per_length] for k in per_length[0]},
             "trained_length": int(inp.cfg.task.seq_len)}
