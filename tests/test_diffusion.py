@@ -5,7 +5,7 @@ import pytest
 
 from tasks import MQAR, heldout
 from tmem.probes.base import ProbeInput
-from tmem.probes.diffusion import echoes, pair_rows, where_weight, read_lengths, reading_terms, row_entropy, run
+from tmem.probes.diffusion import echoes, pair_rows, read_lengths, reading_terms, row_entropy, run, where_weight
 
 
 @pytest.mark.parametrize("beta, M", [(0.0, 7), (2.0, 63), (5.0, 1023)])

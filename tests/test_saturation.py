@@ -53,7 +53,7 @@ def test_query_entropy_reads_the_rows_at_the_query_positions_of_every_layer_and_
 @pytest.mark.slow  # a tiny model compiled: about a second on a quiet machine
 def test_a_uniform_read_reads_as_the_uniform_row(tiny):
     """beta = 0 with unit q and k: every row uniform, and no gradient reaches W_K."""
-    model, task, batch = tiny("mixer.qk_norm=l2", "mixer.temperature=0")
+    model, task, _ = tiny("mixer.qk_norm=l2", "mixer.temperature=0")
     rows = read_early([(0, model)], task, examples=8)
     assert rows["step"] == [0] and rows["key_grad_norm"] == [0.0]
     assert rows["entropy"][0] == pytest.approx(rows["uniform_entropy"], abs=1e-5)
