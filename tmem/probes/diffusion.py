@@ -20,8 +20,8 @@ refused past its rows) and reports, per n, the held-out accuracy, the mean
 entropy of those rows and of a uniform row over the same keys, the mean
 target weight, where the rest of the row goes (the other pairs, the tokens
 within the trained length of the query, those beyond it, and the key's
-echoes in the filler, below), and the median over queries of the two terms (a ratio over
-a weight near zero has a long tail, which a mean would follow).
+echoes in the filler), and the median over queries of the two terms (a
+ratio over a weight near zero has a long tail, which a mean would follow).
 """
 
 from __future__ import annotations
@@ -103,13 +103,13 @@ def read_at_length(model, task, span: int, examples: int = EXAMPLES) -> dict[str
     """The held-out accuracy on `task` and the reading terms of `examples` of its held-out sequences; `span`:
     the trained length, the offsets `near_weight` counts."""
     batch = heldout(task)
+    context = 2 * task.num_kv_pairs * task.num_passes + 2 * task.distractor_pairs  # every pair's tokens
     terms: dict[str, list] = {}
     for i in range(0, min(examples, task.heldout_size), CHUNK):
         few = slice(i, min(i + CHUNK, examples))
         A = forward_with_attention(model, batch.inputs[few])[1]
         rows, pair = pair_rows(A, batch.positions[few], batch.meta["distance"][few])
         echo = echoes(batch.inputs[few], batch.positions[few], batch.meta["distance"][few])
-        context = 2 * task.num_kv_pairs * task.num_passes + 2 * task.distractor_pairs
         for name, value in {**reading_terms(rows, pair), "echo_weight": np.sum(rows * echo, axis=-1),
                             **where_weight(rows, pair, batch.positions[few], context, span)}.items():
             terms.setdefault(name, []).append(value.ravel())

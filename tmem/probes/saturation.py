@@ -8,8 +8,8 @@ W_K. The probe reads the model at step 0 (rebuilt from the run's seed, as
 training built it) and at every saved checkpoint up to
 `options.saturation.until` (default 200 steps), on the first 64 held-out
 sequences: the training loss, the norm of its gradient with respect to every
-layer's W_K and with respect to all parameters (the number training logs as
-`grad_norm`), and the mean entropy of the attention rows at the query
+layer's W_K and with respect to all parameters (what training logs as
+`grad_norm`, here on held-out sequences), and the mean entropy of the attention rows at the query
 positions, over every layer and head, beside the entropy of a uniform row.
 """
 
