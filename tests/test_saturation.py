@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tasks import heldout
-from tmem.probes.saturation import key_gradients, query_entropy, read_early
+from tmem.probes.saturation import batch_gradients, sequence_gradients, key_gradients, key_parts, query_entropy, read_early
 
 
 @pytest.fixture
@@ -39,6 +39,21 @@ def test_no_gradient_reaches_w_k_when_the_logits_cannot_depend_on_the_keys(tiny)
     model, task, batch = tiny()
     zero_columns(model, D, 2 * D)
     assert min(key_gradients(model, task, batch)["key_grad_norms"]) > 1e-6
+
+
+@pytest.mark.slow  # a tiny model compiled: about a second on a quiet machine
+def test_the_sequences_own_gradients_at_w_k_average_to_the_batchs(tiny):
+    from flax import nnx
+
+    model, task, batch = tiny()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    whole = key_parts(model, batch_gradients(graphdef, task, params, rest, batch)[1])
+    each = key_parts(model, sequence_gradients(graphdef, task, params, rest, batch))
+    for w, e in zip(whole, each):
+        assert e.shape == (8, *w.shape)
+        np.testing.assert_allclose(np.mean(e, axis=0), w, rtol=1e-4, atol=1e-7)
+    g = key_gradients(model, task, batch)
+    assert 0 < g["sequence_key_grad_median"] and np.linalg.norm(g["key_grad_norms"]) <= g["sequence_key_grad_mean"]
 
 
 def test_query_entropy_reads_the_rows_at_the_query_positions_of_every_layer_and_head():

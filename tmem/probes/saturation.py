@@ -9,7 +9,9 @@ training built it) and at every saved checkpoint up to
 `options.saturation.until` (default 200 steps), on the first 64 held-out
 sequences: the training loss, the norm of its gradient with respect to every
 layer's W_K and with respect to all parameters (what training logs as
-`grad_norm`, here on held-out sequences), and the mean entropy of the attention rows at the query
+`grad_norm`, here on held-out sequences), the median and mean over the
+sequences of the norm of each one's own gradient at W_K (how evenly the
+sequences carry it), and the mean entropy of the attention rows at the query
 positions, over every layer and head, beside the entropy of a uniform row.
 """
 
@@ -33,20 +35,42 @@ UNTIL = 200  # the last step read by default: the start of training
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _gradients(graphdef, task, params, rest, batch):
+def batch_gradients(graphdef, task, params, rest, batch):
     (loss, _), grads = jax.value_and_grad(make_loss(graphdef, task), has_aux=True)(params, rest, batch)
     return loss, grads
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def sequence_gradients(graphdef, task, params, rest, batch):
+    """Each sequence's own gradient [B, ...]: their mean is the batch's, as every MQAR sequence scores as many
+    positions."""
+    loss = make_loss(graphdef, task)
+
+    def one(example):
+        return jax.grad(lambda p: loss(p, rest, jax.tree.map(lambda x: x[None], example))[0])(params)
+
+    return jax.vmap(one)(batch)
+
+
+def key_parts(model, grads) -> list:
+    """Each layer's W_K part of a gradient (any leading axes kept): the key columns of the fused q, k, v kernel,
+    cut as the layer cuts it."""
+    return [block.mixer.qkv_maps(grads["blocks"][i]["mixer"]["qkv"]["kernel"][...])[1]
+            for i, block in enumerate(model.blocks)]
+
+
 def key_gradients(model, task, batch) -> dict:
     """The training loss on `batch`, the norm of its gradient with respect to each layer's W_K ([depth]) and with
-    respect to all parameters. W_K is the key part of each layer's fused q, k, v kernel, cut as the layer cuts it."""
+    respect to all parameters, and the median and mean over the batch's sequences of the norm of each sequence's
+    own gradient at W_K (all layers): a gradient that a few sequences carry has a median far below its mean."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    loss, grads = _gradients(graphdef, task, params, rest, batch)
-    keys = [block.mixer.qkv_maps(grads["blocks"][i]["mixer"]["qkv"]["kernel"][...])[1]
-            for i, block in enumerate(model.blocks)]
-    return {"loss": float(loss), "key_grad_norms": [float(np.linalg.norm(k)) for k in keys],
-            "grad_norm": float(np.sqrt(sum(np.sum(np.square(g)) for g in jax.tree.leaves(grads))))}
+    loss, grads = batch_gradients(graphdef, task, params, rest, batch)
+    per_sequence = key_parts(model, sequence_gradients(graphdef, task, params, rest, batch))  # [B, D, E] each
+    sequence_norms = np.sqrt(sum(np.sum(np.square(k), axis=(-2, -1)) for k in per_sequence))  # [B]
+    return {"loss": float(loss), "key_grad_norms": [float(np.linalg.norm(k)) for k in key_parts(model, grads)],
+            "grad_norm": float(np.sqrt(sum(np.sum(np.square(g)) for g in jax.tree.leaves(grads)))),
+            "sequence_key_grad_median": float(np.median(sequence_norms)),
+            "sequence_key_grad_mean": float(np.mean(sequence_norms))}
 
 
 def query_entropy(A, positions) -> float:
@@ -61,13 +85,13 @@ def query_entropy(A, positions) -> float:
 def read_early(models, task, examples: int = EXAMPLES) -> dict[str, list]:
     """Each (step, model)'s loss, gradients and query-row entropy on the first `examples` held-out sequences."""
     batch = jax.tree.map(lambda x: x[:examples], heldout(task))
-    rows: dict[str, list] = {"step": [], "loss": [], "key_grad_norm": [], "key_grad_norms": [], "grad_norm": [],
-                             "entropy": []}
+    measured = ("loss", "key_grad_norms", "grad_norm", "sequence_key_grad_median", "sequence_key_grad_mean")
+    rows: dict[str, list] = {"step": [], "key_grad_norm": [], "entropy": [], **{name: [] for name in measured}}
     for step, model in models:
         g = key_gradients(model, task, batch)
         rows["step"].append(int(step))
         rows["key_grad_norm"].append(float(np.linalg.norm(g["key_grad_norms"])))
-        for name in ("loss", "key_grad_norms", "grad_norm"):
+        for name in measured:
             rows[name].append(g[name])
         rows["entropy"].append(query_entropy(forward_with_attention(model, batch.inputs)[1], batch.positions))
     rows["uniform_entropy"] = float(np.log(np.asarray(batch.positions) + 1.0).mean())
