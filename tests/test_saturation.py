@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tasks import heldout
-from tmem.probes.saturation import batch_gradients, sequence_gradients, key_gradients, key_parts, query_entropy, read_early
+from tmem.probes.saturation import (batch_gradients, key_gradients, key_parts, query_entropy, read_early,
+                                    sequence_gradients)
 
 
 @pytest.fixture
