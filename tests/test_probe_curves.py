@@ -37,5 +37,5 @@ def test_each_configuration_is_the_median_and_band_of_its_seeds_curves(tmp_path,
         capsys.readouterr().err
     assert probe_curves.main(args) == 2  # kept unless --force
     drawn = probe_curves.probe_curves(jobs([sweep]), "eval/task.num_kv_pairs=16/report.json",
-                                      "mqar_distance.distance_low", ["mqar_distance.accuracy"], logx=True)
-    assert drawn.figure.axes[0].get_xscale() == "log"
+                                      "mqar_distance.distance_low", ["mqar_distance.accuracy"], logx=True, logy=True)
+    assert drawn.figure.axes[0].get_xscale() == "log" == drawn.figure.axes[0].get_yscale()

@@ -83,7 +83,8 @@ SMALL_TASK = {"mqar": ["task.vocab=32", "task.seq_len=16", "task.num_kv_pairs=2"
 OPTIONS = {"induction": {"periods": [4, 7], "batch": 8, "icl_examples": 16}, "memory_state": {"sequences": 16},
            "gd_match": {"fit_tasks": 128, "gdpp_fit_tasks": 64, "max_steps": 1, "ood_scales": [1.0]},
            "rank_one_edit": {"edits": 4, "steps": 50}, "dilution": {"pairs": [0, 2]}, "keys_move": {"batch": 4},
-           "rephrasing": {"radii": [0.0, 0.5], "draws": 2}, "learned_keys": {"sequences": 16, "chunk": 16}}
+           "rephrasing": {"radii": [0.0, 0.5], "draws": 2}, "learned_keys": {"sequences": 16, "chunk": 16},
+           "diffusion": {"examples": 8}, "saturation": {"examples": 8}}
 
 
 def finite_numbers(tree) -> list[float]:

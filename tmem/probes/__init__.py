@@ -1,7 +1,8 @@
 """Probes, run by eval.py. Adding one is a module here and one line in PROBES."""
 
 from tmem.probes import capacity, gd_match, induction, keys_move, least_squares, many_edits, memory_state
-from tmem.probes import dilution, heldout, learned_keys, mlp_keys, mqar_distance, rank_one_edit, rephrasing, roles
+from tmem.probes import diffusion, dilution, heldout, learned_keys, mlp_keys, mqar_distance, rank_one_edit
+from tmem.probes import rephrasing, roles, saturation
 from tmem.probes.base import Probe, ProbeInput
 
 PROBES: dict[str, Probe] = {
@@ -16,6 +17,8 @@ PROBES: dict[str, Probe] = {
     "rephrasing": rephrasing.probe,
     "memory_state": memory_state.probe,
     "dilution": dilution.probe,
+    "diffusion": diffusion.probe,
+    "saturation": saturation.probe,
     "least_squares": least_squares.probe,
     "roles": roles.probe,
     "mlp_keys": mlp_keys.probe,

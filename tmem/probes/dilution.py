@@ -22,6 +22,7 @@ import numpy as np
 
 from tasks import heldout
 from tmem.probes.base import Probe, ProbeInput
+from tmem.probes.diffusion import pair_rows
 from tmem.probes.heads import forward_with_attention
 from tmem.probes.mqar_distance import compiled, recall_by_distance
 
@@ -34,11 +35,8 @@ def pair_weight(A, positions, distance) -> float:
 
     A: [depth, B, H, T, S] attention; positions, distance: [B, Q] queries and their distances back to their keys.
     """
-    A, positions, key = np.asarray(A[-1]), np.asarray(positions), np.asarray(positions) - np.asarray(distance)
-    b = np.arange(A.shape[0])[:, None]
-    rows = A[b, :, positions]  # [B, Q, H, S]: each query's row in every head
-    pair = np.take_along_axis(rows, key[..., None, None], -1) + np.take_along_axis(rows, key[..., None, None] + 1, -1)
-    return float(pair[..., 0].max(-1).mean())
+    rows, pair = pair_rows(A, positions, distance)
+    return float(np.sum(rows * pair, axis=-1).mean())
 
 
 def most_distractor_pairs(task) -> int:

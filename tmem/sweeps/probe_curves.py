@@ -2,7 +2,8 @@
 eval.py report holds (recall by distance, by distractor length), as PNG and SVG beside a CSV of the plotted numbers.
 
     python -m tmem.sweeps.probe_curves DIR [more dirs] --eval task.num_kv_pairs=16 \\
-        --x mqar_distance.distance_low --y mqar_distance.accuracy [--y ...] [--logx] [--name NAME] [--out FOLDER]
+        --x mqar_distance.distance_low --y mqar_distance.accuracy [--y ...] [--logx] [--logy] [--name NAME] \\
+        [--out FOLDER]
 
 `--eval` names the report's folder under each job's `eval/` (the task
 overrides eval.py was given, as it spells them; none: `eval/` itself);
@@ -42,7 +43,8 @@ def curve(report: dict, x: str, y: str) -> dict[float, float]:
     return dict(zip(xs, ys))
 
 
-def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: bool = False) -> Drawn:
+def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: bool = False,
+                 logy: bool = False) -> Drawn:
     """The median over seeds and the min and max of each `ys` curve at every x any seed reported."""
     from matplotlib.figure import Figure
 
@@ -72,7 +74,7 @@ def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: boo
             ax.plot(at, [p["median"] for p in points], "o-", ms=3, color=color,
                     label=f"{n} (n={max((p['n'] for p in points), default=0)})")
             ax.fill_between(at, [p["min"] for p in points], [p["max"] for p in points], color=color, alpha=0.2, lw=0)
-        ax.set(xlabel=x, ylabel=y, xscale="log" if logx else "linear",
+        ax.set(xlabel=x, ylabel=y, xscale="log" if logx else "linear", yscale="log" if logy else "linear",
                title=f"{y}: median over seeds, band min to max")
         if logx:  # the reported x values as plain ticks, not powers of ten
             at = sorted({r["x"] for r in rows if r["y"] == y})
@@ -94,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--x", required=True, help="dotted path in report.json to the x values")
         parser.add_argument("--y", required=True, action="append", help="dotted path to a curve (one panel each)")
         parser.add_argument("--logx", action="store_true", help="a logarithmic x axis")
+        parser.add_argument("--logy", action="store_true", help="logarithmic y axes (ratios spanning decades)")
         parser.add_argument("--name", default=name, help="the output files' name (default probe_curves)")
 
     def draw(args) -> Drawn | None:
         found = jobs(args.roots)
         report = str(Path("eval", args.eval, "report.json"))
-        return probe_curves(found, report, args.x, args.y, args.logx) if found else None
+        return probe_curves(found, report, args.x, args.y, args.logx, args.logy) if found else None
 
     code, rows, out = gather_command(argv, name, __doc__, draw, options)
     if code == 0:
