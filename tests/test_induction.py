@@ -187,8 +187,9 @@ def test_induction_heads_form(tmp_path, seed):
 
 @pytest.mark.slow
 def test_induction_heads_do_not_form_in_one_layer(tmp_path):
-    """A 1-layer model trained by the same recipe forms none (past the step the 2-layer model forms them by)."""
-    report = train_and_probe(tmp_path / "one_layer", "model.depth=1", "train.steps=700")
+    """A 1-layer model trained by the same recipe forms none by step 500, past the 400 at which the 2-layer model
+    forms them in every seed recorded."""
+    report = train_and_probe(tmp_path / "one_layer", "model.depth=1", "train.steps=500")
     assert not report["formed"] and report["induction_heads"] == [] and report["formation_step"] is None
     assert report["verdict"].startswith("no induction heads")
 
