@@ -56,7 +56,8 @@ def _values(value: str) -> list[str]:
 
 
 def jobs(script: str, multirun: bool, overrides: list[str]) -> list[list[str]]:
-    """One override list per value of every swept key (the other swept keys at their first value).
+    """One override list per value of every swept key (the other swept keys at their first value); a seed's
+    only at its first (a seed changes no field a check reads).
 
     The command line's sweeps replace the experiment's for the same key, as Hydra's sweeper does.
     """
@@ -73,6 +74,8 @@ def jobs(script: str, multirun: bool, overrides: list[str]) -> list[list[str]]:
             sweeps[key] = _values(value)
         else:
             fixed.append(o)
+    if "train.seed" in sweeps:
+        sweeps["train.seed"] = sweeps["train.seed"][:1]
     base = fixed + [f"{k}={v[0]}" for k, v in sweeps.items()]
     out = [base] + [[*fixed, *(f"{k}={v if k == key else vs[0]}" for k, vs in sweeps.items())]
                     for key, values in sweeps.items() for v in values[1:]]
