@@ -41,7 +41,7 @@ from tmem.sweeps.gather import SEED, fold_seeds, jobs
 from tmem.sweeps.seeds import AtLeast, Job, band, configuration, label, to_target
 
 
-def _names(found: list[Job]) -> Callable[[Job], str]:
+def series_names(found: list[Job]) -> Callable[[Job], str]:
     """A job's configuration's name: its values of the overrides that differ between configurations."""
     keys = fold_seeds(found).keys
     return lambda job: label(dict(configuration(job, SEED)), keys)
@@ -52,7 +52,7 @@ def _metric(found: list[Job], metric: str | None) -> str:
                           "eval/accuracy")
 
 
-def _colors(names: list[str]) -> dict[str, tuple]:
+def series_colors(names: list[str]) -> dict[str, tuple]:
     from matplotlib import colormaps
 
     return {n: colormaps["tab10"](i % 10) for i, n in enumerate(names)}
@@ -64,7 +64,7 @@ def learning_curves(found: list[Job], metric: str | None = None) -> Drawn:
     Jobs whose metrics.jsonl is damaged are named on stderr and left out;
     jobs without one (runs from before it was written) add no curve.
     """
-    metric, name = _metric(found, metric), _names(found)
+    metric, name = _metric(found, metric), series_names(found)
     read = dict(runs.read_each([Path(j.run_dir) for j in found], lambda d: (str(d), runs.metrics(d))))
     without = sum(not lines for lines in read.values())
     if without:
@@ -84,7 +84,7 @@ def _bands(curves: dict[str, list[dict[float, float]]], xlabel: str, ylabel: str
     rows = [{"configuration": n, **point} for n, cs in curves.items() for point in band(cs)]
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
-    colors = _colors(list(curves))
+    colors = series_colors(list(curves))
     for n in curves:
         points = [r for r in rows if r["configuration"] == n]
         if not points:
@@ -106,7 +106,7 @@ def report_curves(found: list[Job], fields: str) -> Drawn:
     stands (`keys_move.steps.*.layer1.cos`: the value at each checkpoint), several comma-separated; each
     configuration's median over seeds and min-max band per field (x in the CSV's `step` column)."""
     patterns = {f: re.compile("report\\." + re.escape(f).replace("\\*", "(.+?)") + "$") for f in fields.split(",")}
-    name, configurations = _names(found), len(fold_seeds(found).rows)
+    name, configurations = series_names(found), len(fold_seeds(found).rows)
     shared = os.path.commonprefix(list(patterns)).rsplit("*", 1)[0] if len(patterns) > 1 else ""
     curves: dict[str, list[dict[float, float]]] = {}
     for job in found:
@@ -133,7 +133,7 @@ def steps_to_target(found: list[Job]) -> Drawn:
     median (a lower bound where an unreached seed reaches it)."""
     from matplotlib.figure import Figure
 
-    folded, name = fold_seeds(found), _names(found)
+    folded, name = fold_seeds(found), series_names(found)
     rows = []
     for job in found:
         target = to_target(job).get("target_step")
@@ -179,7 +179,7 @@ def state_size(found: list[Job], metric: str | None = None) -> Drawn:
     rows.sort(key=lambda r: (order.index(r["series"]), r["state_size"]))
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
-    colors = _colors(list(dict.fromkeys(r["series"] for r in rows)))
+    colors = series_colors(list(dict.fromkeys(r["series"] for r in rows)))
     for s, color in colors.items():
         line = [r for r in rows if r["series"] == s]
         ax.errorbar([r["state_size"] for r in line], [r["median"] for r in line], fmt="o-", color=color, label=s,

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from tmem.sweeps.command import Drawn, gather_command
-from tmem.sweeps.figures import _colors, _names
+from tmem.sweeps.figures import series_colors, series_names
 from tmem.sweeps.gather import jobs
 from tmem.sweeps.seeds import Job
 
@@ -48,7 +48,7 @@ def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: boo
     """The median over seeds and the min and max of each `ys` curve at every x any seed reported."""
     from matplotlib.figure import Figure
 
-    name, seeds = _names(found), {}
+    name, seeds = series_names(found), {}
     for job in found:
         path = Path(job.run_dir) / report
         try:
@@ -66,7 +66,7 @@ def probe_curves(found: list[Job], report: str, x: str, ys: list[str], logx: boo
                          "median": statistics.median(values), "min": min(values), "max": max(values)})
     fig = Figure(figsize=(4.2 * len(ys) + 0.6, 3.4))
     axes = fig.subplots(1, len(ys), squeeze=False)[0]
-    colors = _colors(list(dict.fromkeys(r["configuration"] for r in rows)))
+    colors = series_colors(list(dict.fromkeys(r["configuration"] for r in rows)))
     for ax, y in zip(axes, ys):
         for n, color in colors.items():
             points = [r for r in rows if r["configuration"] == n and r["y"] == y]
