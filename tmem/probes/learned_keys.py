@@ -47,7 +47,8 @@ from tmem.memory.linear_state import recurrent
 from tmem.mixers import layer_of
 from tmem.mixers.fast_weight import FastWeight
 from tmem.probes.base import Probe, ProbeInput, mixers_without
-from tmem.probes.memory_state import effective_rank, heldout_pairs, mean_squared_cosine, read_through
+from tmem.probes.memory_state import (effective_rank, heldout_pairs, mean_squared_cosine, read_through,
+                                     stored_positions)
 
 # pair_counts: held-out sets of these numbers of pairs (None: the trained task's), each lengthened to fit them;
 # seed: the random keys' draw
@@ -134,10 +135,10 @@ def _gather(x, index):
 def queried_pairs(inputs: np.ndarray, positions: np.ndarray, task) -> tuple[np.ndarray, np.ndarray]:
     """Each query's pair (which context key its token is) [N, Q] and the pairs' key tokens' positions [P] (of the
     last pass)."""
-    last = 2 * task.num_kv_pairs * (task.num_passes - 1)
-    key_tokens = inputs[:, last:last + 2 * task.num_kv_pairs:2]  # [N, P]
+    key_positions = stored_positions(task)[0][-task.num_kv_pairs:]  # the last pass's keys, in pair order
+    key_tokens = inputs[:, key_positions]  # [N, P]
     queried = np.take_along_axis(inputs, positions, 1)
-    return np.argmax(queried[..., None] == key_tokens[:, None, :], -1), last + 2 * np.arange(task.num_kv_pairs)
+    return np.argmax(queried[..., None] == key_tokens[:, None, :], -1), key_positions
 
 
 def write_offset(weights: np.ndarray, pair: np.ndarray, key_positions: np.ndarray, offsets) -> tuple[int, list]:

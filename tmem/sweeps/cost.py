@@ -51,7 +51,7 @@ def estimate(args: list[str]) -> tuple[list[tuple[list[str], float, int]], float
 
 def report(args: list[str], rates: tuple[float, ...] = RATES) -> str:
     jobs, total = estimate(args)
-    swept = [line.split("=")[0] for line in grid(args)[0]] if jobs else []
+    swept = [line.split("=")[0] for line in jobs[0][0]]  # every job has the same keys, in the same order
     varying = [k for i, k in enumerate(swept) if len({job[i] for job, _, _ in jobs}) > 1]
     lines = [f"{len(jobs)} jobs; training FLOPs at each job's step cap (an upper bound: early stops end sooner)",
              "| " + " | ".join(varying) + " | GFLOPs a step | steps | TFLOPs |",
