@@ -39,8 +39,10 @@ def test_saved_mixer_nodes_migrate_to_what_todays_commands_save():
     assert migrate(new) == new  # today's names stay as they are
     hybrid = saved_form(compose_config([*PLAIN, "mixer=gated_deltanet", "mixer.run.chunk=8",
                                         "mixer.run.eval_form=null",
-                                        "model.mixers=[gated_deltanet,{name:softmax,window:8}]"]))["model"]["mixers"]
-    # (each entry with the fields its row gained since at their defaults, as a resume reads it)
+                                        "model.mixers=[gated_deltanet,{name:softmax,window:8,recipe:{microbatch:32}}]"]
+                                       ))["model"]["mixers"]
+    # (each entry with the fields its row gained since at their defaults, as a resume reads it; softmax's
+    # microbatch was 32 then)
     assert with_new_fields(migrate_config({"model": {"mixers": old["hybrid"]}}))["model"]["mixers"] == hybrid
 
 
@@ -87,10 +89,15 @@ def test_an_old_run_restores_as_the_same_run_and_is_evaluated(old_run, tiny_run,
     from tmem.train.restore import saved_run
 
     assert saved("before_recipe_and_run.yaml")["mixer"]["lr"] == 0.01  # the fixture holds the old names
-    # the record today's code wrote for the same command (fields added since the fixture was saved at their defaults)
-    assert with_new_fields(migrate_config(saved("before_recipe_and_run.yaml"))) == OmegaConf.to_container(
-        OmegaConf.load(tiny_run / ".hydra" / "config.yaml"))
-    assert saved_run(old_run)[0] == saved_run(tiny_run)[0]
+    # the record today's code wrote for the same command (fields added since the fixture was saved at their defaults),
+    # but for softmax's recommended microbatch, 32 then
+    today = OmegaConf.to_container(OmegaConf.load(tiny_run / ".hydra" / "config.yaml"))
+    today["mixer"]["recipe"]["microbatch"] = 32
+    assert with_new_fields(migrate_config(saved("before_recipe_and_run.yaml"))) == today
+    old_cfg, new_cfg = saved_run(old_run)[0], saved_run(tiny_run)[0]
+    recipe = dataclasses.replace(new_cfg.mixer.recipe, microbatch=32)
+    assert old_cfg == dataclasses.replace(new_cfg, mixer=dataclasses.replace(new_cfg.mixer, recipe=recipe),
+                                          train=dataclasses.replace(new_cfg.train, microbatch=32))
     report = evaluate(str(old_run), ["heldout"], out_dir=tmp_path, logger=LoggerConfig(mode="disabled"))
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert report["heldout"]["accuracy"] == pytest.approx(summary["eval/accuracy"], abs=1e-6)

@@ -61,7 +61,7 @@ def test_a_named_cell_resolves_to_its_rows_config(row):
     assert dataclasses.replace(cell, name=row, recipe=named.recipe) == named
     # the grid's heads, not the row's, unless told: its cells differ in their knobs alone
     assert mixer_of("mixer=regression", *NAMED[row]).heads == 4
-    assert mixer_of("mixer=regression", "mixer.recipe.microbatch=8", *NAMED[row]).recipe.microbatch == 8
+    assert mixer_of("mixer=regression", "mixer.recipe.microbatch=16", *NAMED[row]).recipe.microbatch == 16
 
 
 @pytest.mark.parametrize("row", sorted(QUICK))

@@ -38,8 +38,8 @@ from tmem.memory.chunked import chunked
 from tmem.memory.features import FEATURE_MAPS, feature_map, feature_width, random_features
 from tmem.memory.linear_state import recurrent, retnet_log_decay
 from tmem.mixers.fast_weight_flops import GLA_RANK, fast_weight_flops
-from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, Recipe, Run, at_positions,
-                              knob, mask_heads, recommended, run_field)
+from tmem.mixers.base import (GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, Run, at_positions,
+                              knob, mask_heads, run_field)
 
 RULES = ("add", "delta")
 # the regression grid's weights gamma as the decay of a write one token at a time (a linear memory from zero, one
@@ -80,9 +80,6 @@ class FastWeightConfig(MixerConfig):
     """The knobs of the fast-weight rows; the defaults are the linear row, and each row's YAML sets what differs."""
 
     name: str = "linear"
-    # each of the six rows' steps on the default job is fastest in slices of 8 examples per device on the
-    # 2-core CPU's two devices (Recipe.microbatch; benchmarks/microbatch.py, BENCHMARKS.md)
-    recipe: Recipe = recommended(microbatch=8)
     run: FastWeightRun = run_field(FastWeightRun)
     rule: str = "add"  # add | delta (write the error v - S^T k)
     decay: str = "none"  # none | fixed (RetNet) | scalar (Mamba-2 style, per head) | vector (GLA, per key channel)
