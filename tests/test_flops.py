@@ -166,10 +166,10 @@ def test_the_count_of_the_hopfield_mamba2_and_mesa_options_matches_xla(options):
 
 @pytest.mark.slow  # 10 s: a fact about XLA's count, not a count of ours; the full suite keeps it
 def test_xla_counts_the_microbatch_loop_once():
-    """The default job differentiates its 64 examples in a lax.map over 2 slices of 32: XLA counts one slice."""
-    cfg = config()
+    """The default job's 64 examples differentiated in a lax.map over 2 slices of 32: XLA counts one slice."""
+    cfg = config("train.microbatch=32")
     assert cfg.train.batch_size // cfg.train.microbatch == 2
-    xla = xla_flops()
+    xla = xla_flops("train.microbatch=32")
     assert step_flops(cfg)["total"] == pytest.approx(2 * xla, rel=TOLERANCE)
     assert step_flops(cfg, loop_bodies_once=True)["total"] == pytest.approx(xla, rel=TOLERANCE)
 
