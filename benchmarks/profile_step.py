@@ -9,6 +9,8 @@ by operation. On a CPU each XLA thunk is an event: a fusion, a dot, a copy, a
 loop. Times are summed over the devices' threads and divided by the steps, so
 they add up to about the step time times the devices; the profiler's own
 overhead stretches every operation, so read the shares, not the milliseconds.
+An event can also hold a wait for the thread pool: time a surprising
+operation alone before acting on it.
 """
 
 from __future__ import annotations

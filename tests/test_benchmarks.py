@@ -83,3 +83,14 @@ def test_long_sequences_gives_each_rows_memory_and_time_and_mesas_ratio(tmp_path
     for c in cells:
         assert c["peak_mb"] >= c["temp_mb"] > 0 and c["arguments_mb"] > 0 and c["step_ms"] > 0
     assert "T 16: mesa's peak" in done.stdout and "| mesa | 16 |" in done.stdout
+
+
+@pytest.mark.slow
+def test_profile_step_sums_the_trace_by_operation():
+    done = run_entry("benchmarks/profile_step.py", "--steps", "2", "--top", "3", "train.batch_size=4",
+                     "train.microbatch=null", "model.width=16", "task.heldout_size=8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    shares = [float(line.split("%")[0].split()[-1]) for line in lines if "% " in line and " ops " in line]
+    assert shares and 99.0 < sum(shares) <= 100.1 or len(shares) == 20  # every kind listed adds up, unless cut at 20
+    assert any("dot" in line or "fusion" in line for line in lines[-3:])  # the costliest operations, by HLO name
