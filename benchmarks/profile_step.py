@@ -71,7 +71,7 @@ def main():
     if args.top:
         hlo = compiled.as_text()
         for name, ns in times.most_common(args.top):
-            found = re.search(rf"^\s*(?:ROOT )?%?{re.escape(name)} = (.{{0,160}})", hlo, re.M)
+            found = re.search(rf"^\s*(?:ROOT )?%?{re.escape(name)} = (.{{0,160}})", hlo, re.MULTILINE)
             print(f"{ns / 1e6:8.2f} ms  {name}: {found.group(1) if found else ''}")
 
 
