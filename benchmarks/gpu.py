@@ -33,16 +33,18 @@ from tmem.mixers.flops import Uncounted  # noqa: E402
 # every row that reads a token task (lsa reads vectors, none is no mixer); softmax also with its fused read
 TABLE = ("softmax", "linear", "retnet", "gla", "mamba2", "deltanet", "gated_deltanet", "mesa", "ttt_linear", "ttt_mlp",
          "titans", "hopfield")
-# each device's whole share at once (the rows' recipes split it in slices of 8, the CPU's fastest)
-ROWS = {"softmax": ["mixer=softmax", "mixer.run.implementation=plain", "train.microbatch=null"],
-        "softmax_fused": ["mixer=softmax", "mixer.run.implementation=fused", "train.microbatch=null"],
-        **{row: [f"mixer={row}", "train.microbatch=null"] for row in TABLE[1:]}}
+# every job differentiates each device's whole share at once (the rows' recipes split it in slices of 8, the CPU's
+# fastest, which would starve a GPU)
+WHOLE = "train.microbatch=null"
+ROWS = {"softmax": ["mixer=softmax", "mixer.run.implementation=plain", WHOLE],
+        "softmax_fused": ["mixer=softmax", "mixer.run.implementation=fused", WHOLE],
+        **{row: [f"mixer={row}", WHOLE] for row in TABLE[1:]}}
 # step time and utilisation only (no run to a target): a 100M-class model at T = 1024, in float32 and bfloat16
 # (softmax with its fused read), and chunked Gated DeltaNet at long sequences (4 heads of 128, fla's chunk of 64)
 BIG = ["task.seq_len=1024", "task.vocab=8192", "task.num_kv_pairs=64", "model.width=768", "model.depth=12",
-       "mixer.heads=12", "mlp=swiglu", "mlp.expansion=2.67", "train.batch_size=8", "train.microbatch=null"]
+       "mixer.heads=12", "mlp=swiglu", "mlp.expansion=2.67", "train.batch_size=8", WHOLE]
 LONG = ["task.vocab=32768", "task.num_kv_pairs=64", "model.width=512", "model.depth=2", "mixer.heads=4",
-        "train.batch_size=2", "train.microbatch=null"]
+        "train.batch_size=2", WHOLE]
 SCALE = {f"{row}_100m{suffix}": [*ROWS["softmax_fused" if row == "softmax" else row], *BIG, *dtype]
          for row in TABLE for suffix, dtype in (("", []), ("_bf16", ["train.compute_dtype=bfloat16"]))}
 SCALE |= {f"gated_deltanet_{T}": ["mixer=gated_deltanet", *LONG, f"task.seq_len={T}"] for T in (4096, 16384)}

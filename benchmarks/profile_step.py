@@ -66,8 +66,14 @@ def main():
     total = sum(kinds.values())
     print(f"{' '.join(args.overrides) or 'default job'}: {total / 1e6:.1f} ms of operations a step over "
           f"{jax.device_count()} devices, {len(times)} operations")
-    for kind, ns in kinds.most_common(20):
+    shown = kinds.most_common(20)
+    for kind, ns in shown:
         print(f"{ns / 1e6:8.2f} ms {100 * ns / total:5.1f}%  {counts[kind]:4d} ops  {kind}")
+    rest = kinds.most_common()[len(shown):]
+    if rest:  # so that the listed shares add up to the whole
+        ns = sum(n for _, n in rest)
+        print(f"{ns / 1e6:8.2f} ms {100 * ns / total:5.1f}%  {sum(counts[k] for k, _ in rest):4d} ops  "
+              f"({len(rest)} other kinds)")
     if args.top:
         hlo = compiled.as_text()
         for name, ns in times.most_common(args.top):

@@ -92,5 +92,5 @@ def test_profile_step_sums_the_trace_by_operation():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     shares = [float(line.split("%")[0].split()[-1]) for line in lines if "% " in line and " ops " in line]
-    assert shares and 99.0 < sum(shares) <= 100.1 or len(shares) == 20  # every kind listed adds up, unless cut at 20
+    assert shares and 99.0 < sum(shares) <= 101.0  # every kind, or the costliest 20 and the rest in one line
     assert any("dot" in line or "fusion" in line for line in lines[-3:])  # the costliest operations, by HLO name
