@@ -149,15 +149,33 @@ def claim(run_dir: Path, *, hydra_wrote: bool = False) -> None:
     existed = frozenset(p.name for p in run_dir.iterdir()) - {CLAIM} if run_dir.is_dir() else None
     if fd is None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(run_dir / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            raise refused from None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file yet: this cannot block
+        fd = _new_claim(run_dir)
+        if fd is None:
+            raise refused
     claimed = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.write(fd, (json.dumps(claimed) + "\n").encode())
     _held.append(fd)
     _claimed[run_dir.absolute()] = (existed, fd)
+
+
+def _new_claim(run_dir: Path) -> int | None:
+    """The claim marker of `run_dir`, created already locked by this process, or None if it exists.
+
+    Made under a name of this process's own, locked, then linked to the marker's name (a link, like an exclusive
+    create, fails where the name exists): no other process ever sees the marker unlocked, which it would take
+    for a claim abandoned by a dead command (`_take_abandoned`) and so win the race too.
+    """
+    private = run_dir / f"{CLAIM}.{socket.gethostname()}.{os.getpid()}"
+    fd = os.open(private, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file: this cannot block
+    try:
+        os.link(private, run_dir / CLAIM)
+    except FileExistsError:
+        os.close(fd)
+        return None
+    finally:
+        os.unlink(private)
+    return fd
 
 
 def _take_abandoned(run_dir: Path) -> int | None:
