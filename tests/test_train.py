@@ -7,14 +7,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import TINY, TINY_LINREG
+from conftest import TINY, TINY_LINREG, compose_config, quick_only
+from golden import cases
 from tasks import heldout
+from tmem.config import validate
 from tmem.model import build_model
+from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
 from tmem.train.loop import TrainingDiverged, run
 from tmem.train.optim import build_optimizer
 from tmem.train.restore import load_run
-from tmem.train.step import init_state, make_eval, make_gradients, make_loss
+from tmem.train.step import init_state, make_eval, make_gradients, make_loss, make_train_step
 
 
 def params_of(run_dir):
@@ -222,3 +225,16 @@ def test_the_default_job_reaches_99_percent(tmp_path):
     raw = compose_config(["logger=disabled"])
     summary = run(validate(raw), tmp_path, OmegaConf.to_container(raw, resolve=True))
     assert summary["eval/accuracy"] >= 0.99 and summary["target_step"] <= 1000, summary
+
+
+@pytest.mark.parametrize("case", quick_only([c for c in cases() if c.startswith("tokens-") and c.count("-") == 1],
+                                            quick={"tokens-mesa"}))
+def test_every_rows_step_returns_the_state_it_takes(case):
+    """The step's output state has its input's shapes and types, weak types included: a run compiles its step
+    once, not again at the second call."""
+    cfg = validate(compose_config(cases()[case]))
+    graphdef, state, tx, schedule = build(cfg)
+    step = make_train_step(graphdef, cfg.task, tx, cfg.train.batch_size, schedule)
+    after, _ = jax.eval_shape(step, state)
+    aval = lambda x: (x.shape, x.dtype, x.weak_type)
+    assert jax.tree.map(aval, after) == jax.tree.map(lambda x: aval(jax.typeof(x)), state)

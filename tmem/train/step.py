@@ -29,6 +29,10 @@ class TrainState:
 
 def init_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    # every array strongly typed, as the step returns it: a weakly typed initial value (jnp.full(shape, 0.5))
+    # would make the step's second call a new program, compiled again (mesa's, Titans' and RWKV-7's did: 5 to
+    # 14 s of a run to 0.99)
+    params, rest = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), (params, rest))
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
