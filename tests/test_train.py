@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from conftest import TINY, TINY_LINREG, compose_config, quick_only
-from golden import cases
+from golden import MLP_SWITCHES, cases
 from tasks import heldout
 from tmem.config import validate
 from tmem.model import build_model
@@ -227,12 +227,17 @@ def test_the_default_job_reaches_99_percent(tmp_path):
     assert summary["eval/accuracy"] >= 0.99 and summary["target_step"] <= 1000, summary
 
 
-@pytest.mark.parametrize("case", quick_only([c for c in cases() if c.startswith("tokens-") and c.count("-") == 1],
-                                            quick={"tokens-mesa"}))
+# every row (golden's cases of each mixer on tokens), the grid's default cell and every MLP
+STATES = {**{c: o for c, o in cases().items() if c.startswith("tokens-") and c.count("-") == 1},
+          "tokens-regression": [*TINY, "mixer=regression"],
+          **{f"tokens-softmax-{m}": cases()[f"tokens-softmax-{m}"] for m in MLP_SWITCHES}}
+
+
+@pytest.mark.parametrize("case", quick_only(sorted(STATES), quick={"tokens-mesa"}))
 def test_every_rows_step_returns_the_state_it_takes(case):
     """The step's output state has its input's shapes and types, weak types included: a run compiles its step
     once, not again at the second call."""
-    cfg = validate(compose_config(cases()[case]))
+    cfg = validate(compose_config(STATES[case]))
     graphdef, state, tx, schedule = build(cfg)
     step = make_train_step(graphdef, cfg.task, tx, cfg.train.batch_size, schedule)
     after, _ = jax.eval_shape(step, state)

@@ -32,7 +32,8 @@ def init_state(model: nnx.Module, tx: optax.GradientTransformation, seed: int):
     # every array strongly typed, as the step returns it: a weakly typed initial value (jnp.full(shape, 0.5))
     # would make the step's second call a new program, compiled again (mesa's, Titans' and RWKV-7's did: 5 to
     # 14 s of a run to 0.99)
-    params, rest = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), (params, rest))
+    params, rest = jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x,
+                                (params, rest))
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
