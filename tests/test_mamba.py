@@ -114,6 +114,15 @@ def test_a_range_draws_each_entry_of_a_within_it():
         MambaConfig(a_range=(1.0, 0.1)).check(64)
 
 
+def test_dt_range_draws_each_channels_initial_step_within_it():
+    """mixer.dt_range: dt = softplus(bias) ~ logU(low, high) per channel; a range that is no range is refused."""
+    dt = jax.nn.softplus(Mamba(MambaConfig(dt_range=(1e-2, 1e-1)), 16, rope=False, rngs=nnx.Rngs(0)).dt_proj.bias[...])
+    assert float(dt.min()) >= 1e-2 * (1 - 1e-4) and float(dt.max()) <= 1e-1 * (1 + 1e-4)
+    assert float(dt.min()) < 2e-2 and float(dt.max()) > 5e-2  # spread over the range, not at one end
+    with pytest.raises(ValueError, match=r"mixer.dt_range=\[0.1, 0.01\] must be \[low, high\]"):
+        MambaConfig(dt_range=(0.1, 0.01)).check(64)
+
+
 def test_a_bad_form_is_refused_in_one_line():
     with pytest.raises(ValueError, match="mixer.run.form='chunked' is not one of: parallel, scan"):
         MambaConfig(run=MambaRun("chunked")).check(64)

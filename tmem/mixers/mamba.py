@@ -55,11 +55,15 @@ class MambaConfig(MixerConfig):
     # -A's initialisation: None, S4D-real (A_n = n for state n, in every channel: the reference); [low, high], each
     # (channel, state) entry drawn from U(low, high), as Mamba-2's row draws its per-head A (mixer.a_range there)
     a_range: tuple[float, float] | None = None
+    # the initial steps dt ~ logU(low, high) of each channel (the reference's dt_min, dt_max), through dt's bias
+    dt_range: tuple[float, float] = DT_RANGE
 
     def check(self, width: int) -> None:
         check_knobs(self, choices={"run.form": tuple(selective.FORMS)}, positive=("expand", "d_state", "dt_rank"))
         if self.a_range is not None and (len(self.a_range) != 2 or not 0 < self.a_range[0] <= self.a_range[1]):
             raise ValueError(f"mixer.a_range={list(self.a_range)} must be [low, high] with 0 < low <= high, or null")
+        if len(self.dt_range) != 2 or not 0 < self.dt_range[0] <= self.dt_range[1]:
+            raise ValueError(f"mixer.dt_range={list(self.dt_range)} must be [low, high] with 0 < low <= high")
 
     def rank(self, width: int) -> int:
         return self.dt_rank or math.ceil(width / 16)
@@ -123,8 +127,8 @@ class Mamba(Mixer):
         self.x_proj = linear(d, R + 2 * N, bias=False, rngs=rngs)
         self.dt_proj = linear(R, d, bias=True, rngs=rngs)
         self.dt_proj.kernel[...] = jax.random.uniform(rngs.params(), (R, d), minval=-R ** -0.5, maxval=R ** -0.5)
-        dt = jnp.exp(jax.random.uniform(rngs.params(), (d,), minval=math.log(DT_RANGE[0]),
-                                        maxval=math.log(DT_RANGE[1])))
+        dt = jnp.exp(jax.random.uniform(rngs.params(), (d,), minval=math.log(cfg.dt_range[0]),
+                                        maxval=math.log(cfg.dt_range[1])))
         self.dt_proj.bias[...] = _inverse_softplus(jnp.maximum(dt, DT_FLOOR))
         if cfg.a_range is None:
             self.A_log = nnx.Param(jnp.broadcast_to(jnp.log(jnp.arange(1, N + 1, dtype=jnp.float32)), (d, N)))
