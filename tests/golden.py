@@ -12,7 +12,8 @@ attention's q and k became unit vectors, the gated_deltanet cases when its
 gate became a sigmoid, tokens-gla and tokens-gla-mlp when GLA's forget gate
 began open (`mixer.forget_bias=4`), tokens-mamba2 when Mamba-2's A began
 in (0.1, 1) (`mixer.a_range`) and again when its B and C became as wide as the
-model and its values half of it (`mixer.expand=0.5`); each `*-before` case holds the row's earlier
+model and its values half of it (`mixer.expand=0.5`), tokens-mamba when Mamba-1's A began in (0.1, 1) and its
+first steps in (0.01, 0.1); each `*-before` case holds the row's earlier
 setting to the original recording (copied, not re-measured); tokens-softmax-relu3, -moe and -pkm were
 recorded when those MLPs were added (MLP_SWITCHES), and tokens-performer when random-feature attention
 was. The vector task's cases of rows outside VECTOR_ROWS were dropped to keep the suite within its time (their
@@ -50,12 +51,13 @@ VECTOR = [*TINY_LINREG, "model.read_in=learned", "model.width=16", "model.depth=
 # rows whose defaults changed after the recording: the settings they had, held to the original recording.
 # Mamba-2 before its reference layer: per-head B and C, no convolution bias, a per-head norm with the gate after
 # it, A ~ U(1, 16), values as wide as the model; linear attention before unit q and k; Gated DeltaNet before its
-# sigmoid gate; GLA before its open forget gate
+# sigmoid gate; GLA before its open forget gate; Mamba-1 at the reference's A and dt
 BEFORE = {"mamba2": ["mixer.qk_groups=null", "mixer.conv_bias=false", "mixer.output_norm_over=head",
                      "mixer.gate_before_norm=false", "mixer.a_range=[1,16]", "mixer.expand=1"],
           "linear": ["mixer.qk_norm=none"],
           "gated_deltanet": ["mixer.gate_activation=silu"],
-          "gla": ["mixer.forget_bias=0"]}
+          "gla": ["mixer.forget_bias=0"],
+          "mamba": ["mixer.a_range=null", "mixer.dt_range=[0.001,0.1]"]}
 
 
 # the MLPs added after the recording, each as a switch of the softmax model (recorded when added)
