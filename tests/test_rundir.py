@@ -223,12 +223,19 @@ def test_the_entry_point_refuses_before_hydra_writes(finished_run):
 
 
 def test_a_claim_is_exclusive_across_processes(tmp_path):
-    """Two processes claim one directory at once: exactly one wins."""
+    """Two processes claim one directory at once: exactly one wins. Each stays alive (holding what it won) until
+    both have tried: a winner that exited first would leave a claim a dead command abandoned, which the other may
+    rightly take, as a slow start on a loaded machine once made it."""
     code = ("import sys; sys.path.insert(0, {root!r}); from tmem.train import rundir; from tmem.config import "
-            "ConfigError\ntry:\n    rundir.claim(__import__('pathlib').Path({run!r})); print('won')\n"
-            "except ConfigError: print('lost')").format(root=str(ROOT), run=str(tmp_path / "run"))
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    assert sorted(p.communicate(timeout=120)[0].strip() for p in procs) == ["lost", "won"]
+            "ConfigError\ntry:\n    rundir.claim(__import__('pathlib').Path({run!r})); print('won', flush=True)\n"
+            "except ConfigError: print('lost', flush=True)\nsys.stdin.read()"
+            ).format(root=str(ROOT), run=str(tmp_path / "run"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    said = [p.stdout.readline().strip() for p in procs]  # both have tried; neither has exited
+    for p in procs:
+        p.communicate(timeout=120)
+    assert sorted(said) == ["lost", "won"]
 
 
 def resolved_of(*overrides) -> dict:

@@ -166,7 +166,8 @@ def _new_claim(run_dir: Path) -> int | None:
     for a claim abandoned by a dead command (`_take_abandoned`) and so win the race too.
     """
     private = run_dir / f"{CLAIM}.{socket.gethostname()}.{os.getpid()}"
-    fd = os.open(private, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    # no O_EXCL: the name is this process's alone, and one left by a dead process with the same pid is stale
+    fd = os.open(private, os.O_CREAT | os.O_TRUNC | os.O_WRONLY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has the file: this cannot block
     try:
         os.link(private, run_dir / CLAIM)
