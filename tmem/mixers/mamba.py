@@ -11,7 +11,9 @@ selective memory (tmem.memory.selective)
 A = -exp(A_log) [d, N], and the output y * silu(z) through the out-projection.
 Initialisation as the reference: A_log = log(1..N) in every channel (S4D-real),
 dt_bias = softplus^-1(dt) with dt ~ logU(1e-3, 1e-1) floored at 1e-4, W_dt
-uniform within +-dt_rank^-1/2, D = 1. Mamba-2 (mixer=mamba2, a fast-weight
+uniform within +-dt_rank^-1/2, D = 1 (MambaConfig's defaults; the row's YAML draws A and dt
+wider, `mixer.a_range` and `mixer.dt_range`, since at these two seeds of three never learned the default
+job). Mamba-2 (mixer=mamba2, a fast-weight
 row) is the same memory with the decay made one scalar per head, which turns
 it into masked matmuls (docs/rows.md). It has no heads: head_mask, if given,
 has one entry that scales the whole read.
