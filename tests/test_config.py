@@ -133,6 +133,19 @@ def test_the_microbatch_defaults_to_the_mixers_and_a_set_one_wins():
     assert train("mixer.recipe.microbatch=16", "train.microbatch=null").microbatch is None
 
 
+def test_the_step_cap_is_the_rows_where_the_command_leaves_it():
+    """Mamba-1's seeds need about 6,000 steps of the default job, so its recipe lengthens the job; a set
+    train.steps or an experiment's wins, and the experiments' decay over ${train.steps} follows the cap."""
+    train = lambda *overrides: validate(compose_config(["logger=disabled", *overrides])).train  # noqa: E731
+    assert (train().steps, train("mixer=mamba").steps) == (5000, 8000)
+    assert train("mixer=mamba", "train.steps=300").steps == 300
+    assert train("mixer=linear", "mixer.recipe.steps=700").steps == 700
+    pinned = validate(compose_config(["experiment=capacity_gap", "mixer.recipe.steps=700"]))
+    assert (pinned.train.steps, pinned.optim.decay_steps) == (2000, 2000)
+    with pytest.raises(ConfigError, match=r"^mixer.recipe.steps=0 must be a positive number of steps, or null"):
+        train("mixer=mamba", "mixer.recipe.steps=0")
+
+
 @pytest.mark.parametrize("task, target", [("mqar", 0.99), ("memorize", 1.0), ("linreg", None)])
 def test_the_target_is_the_tasks_own_unless_set(task, target):
     assert validate(compose_config([f"task={task}"])).train.target == target

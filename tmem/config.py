@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from tasks import TASKS
 from tasks.examples import MAX_POSITION
@@ -38,7 +38,16 @@ def task_target(name: str) -> float | None:
     return getattr(TASKS.get(name), "default_target", None)
 
 
+def row_steps(recommended: int | None) -> int:
+    """train.steps's default: the mixer group's recommendation (mixer.recipe.steps), else TrainConfig's. A hybrid
+    reads its mixer group's (softmax unless chosen), not its entries': give it train.steps."""
+    if recommended is not None and not (isinstance(recommended, int) and recommended > 0):
+        raise ValueError(f"mixer.recipe.steps={recommended} must be a positive number of steps, or null (5,000)")
+    return TrainConfig.steps if recommended is None else recommended
+
+
 OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)
+OmegaConf.register_new_resolver("tmem.row_steps", row_steps, replace=True)
 
 
 def resolve_auto(model: ModelConfig, layers: tuple[MixerConfig, ...], task) -> ModelConfig:
@@ -69,10 +78,12 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     """One group's YAML node -> its dataclass, or a one-line ConfigError."""
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{section}: expected a mapping of fields, got {node!r}")
-    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
     allowed = ", ".join(f.name for f in dataclasses.fields(schema) if f.name not in drop)
     try:
+        values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
         parsed = structured(schema, values)
+    except InterpolationResolutionError as e:  # a resolver's own message (tmem.row_steps), not OmegaConf's frame
+        raise ConfigError(str(e).splitlines()[0].split("resolving interpolation: ", 1)[-1]) from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
         first = str(e).splitlines()[0]

@@ -46,6 +46,10 @@ class Recipe:
     lr: float | None = 1e-2  # the learning rate this row trains best at (used when optim.lr is null)
     decay_steps: int | None = None  # the step the rate's decay ends at (null: train.steps)
     weight_decay: float | None = None  # AdamW's (null: 0)
+    # the step cap of this row's job where the command or an experiment leaves train.steps to the row (null:
+    # TrainConfig's 5,000): for a row whose seeds need longer on the default job (train.yaml's interpolation).
+    # Resumable, as train.steps is: the cap, not the schedule (decay_steps)
+    steps: int | None = resumable(None)
     # the examples each device of this row's train step differentiates at once fastest on the default job, on
     # a 2-core CPU, one device per core (null: each device its whole part of the batch), used when
     # train.microbatch is auto. The same update at any size: only the speed differs, through how much of a
@@ -54,6 +58,10 @@ class Recipe:
     # An accelerator wants whole parts (train.microbatch=null). Resumable: runs saved before
     # train.microbatch=auto hold a number where a new command has auto
     microbatch: int | None = resumable(8)
+
+    def __post_init__(self):
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"mixer.recipe.steps={self.steps} must be positive")
 
 
 @dataclasses.dataclass(frozen=True)
