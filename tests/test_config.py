@@ -144,6 +144,8 @@ def test_the_step_cap_is_the_rows_where_the_command_leaves_it():
     assert (pinned.train.steps, pinned.optim.decay_steps) == (2000, 2000)
     with pytest.raises(ConfigError, match=r"^mixer.recipe.steps=0 must be a positive number of steps, or null"):
         train("mixer=mamba", "mixer.recipe.steps=0")
+    with pytest.raises(ConfigError, match=r"^train.log_every: Interpolation key 'nowhere' not found"):
+        train("train.log_every=${nowhere}")  # any other failed interpolation names its field once
 
 
 @pytest.mark.parametrize("task, target", [("mqar", 0.99), ("memorize", 1.0), ("linreg", None)])

@@ -82,11 +82,13 @@ def parse_group(section: str, schema: type, node: Any, drop: tuple[str, ...] = (
     try:
         values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in drop}
         parsed = structured(schema, values)
-    except InterpolationResolutionError as e:  # a resolver's own message (tmem.row_steps), not OmegaConf's frame
-        raise ConfigError(str(e).splitlines()[0].split("resolving interpolation: ", 1)[-1]) from None
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or getattr(e, "key", None) or "?"
+        key = str(getattr(e, "full_key", None) or getattr(e, "key", None) or "?")
+        key = key.removeprefix(f"{section}.")  # a failed interpolation names the node from the config's root
         first = str(e).splitlines()[0]
+        if isinstance(e, InterpolationResolutionError) and "raised while resolving interpolation: " in first:
+            # a resolver's own message (tmem.row_steps names the field), not OmegaConf's frame around it
+            raise ConfigError(first.split("raised while resolving interpolation: ", 1)[1]) from None
         if "not in" in first:
             raise ConfigError(f"{section}.{key}: unknown field; allowed: {allowed}") from None
         raise ConfigError(f"{section}.{key}: {first}") from None
