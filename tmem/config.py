@@ -226,14 +226,20 @@ def with_new_fields(saved: dict) -> dict:
 
 def _fill(node: dict, schema) -> dict:
     """`node` with each field of its schema it lacks at the field's default (a schema type, or a function of the
-    node giving it); a node naming no known schema is left for validation to name."""
+    node giving it), in its parts too (a row's recipe and run); a node naming no known schema is left for
+    validation to name."""
     if not isinstance(schema, type):
         try:
             schema = schema(node)
         except (KeyError, ValueError):
             return node
     for f in dataclasses.fields(schema):
-        if f.name in node or f.name == "mixers":
+        if f.name == "mixers":
+            continue
+        if f.name in node:
+            part = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            if isinstance(node[f.name], dict) and dataclasses.is_dataclass(part):
+                node[f.name] = {**plain(part), **node[f.name]}
             continue
         if f.default is not dataclasses.MISSING:
             node[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
