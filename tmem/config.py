@@ -41,7 +41,8 @@ def task_target(name: str) -> float | None:
 def row_steps(recommended: int | None) -> int:
     """train.steps's default: the mixer group's recommendation (mixer.recipe.steps), else TrainConfig's. A hybrid
     reads its mixer group's (softmax unless chosen), not its entries': give it train.steps."""
-    if recommended is not None and not (isinstance(recommended, int) and recommended > 0):
+    if recommended is not None and (isinstance(recommended, bool) or not isinstance(recommended, int)
+                                    or recommended <= 0):
         raise ValueError(f"mixer.recipe.steps={recommended} must be a positive number of steps, or null (5,000)")
     return TrainConfig.steps if recommended is None else recommended
 
