@@ -20,6 +20,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from tasks import TASKS
 from tasks.examples import MAX_POSITION
 from tmem.mixers import CONFIGS, ROW_KEY, MixerConfig, config_type
+from tmem.mixers.base import Recipe
 from tmem.mixers.migrate import migrate, renamed
 from tmem.mlps import CONFIGS as MLP_CONFIGS
 from tmem.schema import ClusterConfig, Config, LoggerConfig, ModelConfig, OptimConfig, TrainConfig
@@ -39,12 +40,10 @@ def task_target(name: str) -> float | None:
 
 
 def row_steps(recommended: int | None) -> int:
-    """train.steps's default: the mixer group's recommendation (mixer.recipe.steps), else TrainConfig's. A hybrid
-    reads its mixer group's (softmax unless chosen), not its entries': give it train.steps."""
-    if recommended is not None and (isinstance(recommended, bool) or not isinstance(recommended, int)
-                                    or recommended <= 0):
-        raise ValueError(f"mixer.recipe.steps={recommended} must be a positive number of steps, or null (5,000)")
-    return TrainConfig.steps if recommended is None else recommended
+    """train.steps's default: the mixer group's recommendation (mixer.recipe.steps, checked as the Recipe checks
+    it), else TrainConfig's. A hybrid reads its mixer group's (softmax unless chosen), not its entries': give it
+    train.steps."""
+    return Recipe(steps=recommended).steps or TrainConfig.steps
 
 
 OmegaConf.register_new_resolver("tmem.task_target", task_target, replace=True)

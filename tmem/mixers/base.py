@@ -60,8 +60,9 @@ class Recipe:
     microbatch: int | None = resumable(8)
 
     def __post_init__(self):
-        if self.steps is not None and self.steps <= 0:
-            raise ValueError(f"mixer.recipe.steps={self.steps} must be positive")
+        steps = self.steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise ValueError(f"mixer.recipe.steps={steps} must be a positive number of steps, or null (5,000)")
 
 
 @dataclasses.dataclass(frozen=True)
