@@ -192,7 +192,7 @@ def test_xla_counts_the_scan_over_chunks_once():
 # of d = 16 (TTT-MLP's hidden 64; Titans' two heads of 32, hidden 128), what the unrolled count has more than
 # XLA's is the rest of each loop's steps: mesa's at the 64 positions of the first layer and the 4 reads of the last.
 LOOP_BODIES = {
-    "mesa": lambda: 2 * 29 * 64 * 4 * (64 + 4) * cg_step(16),  # each solve's forward and backward
+    "mesa": lambda: 2 * 29 * 64 * 4 * (64 + 4) * (cg_step(16) + 2 * 16),  # each solve's, + Lambda p, both ways
     "ttt_linear": lambda: 2 * 2 * ttt_step(64 * 4, 16, 16),
     "ttt_mlp": lambda: 2 * 64 * 4 * gradient_step(16, [16, 64, 16], True, True, True, False, False),
     "titans": lambda: 2 * 64 * 2 * gradient_step(16, [32, 128, 32], True, True, False, True, True),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tmem.memory import mesa
+from tmem.memory import mesa, ridge_solve
 from tmem.memory.stores import rls_init, rls_writes
 from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig, MesaRun
 
@@ -85,44 +85,65 @@ def test_a_few_cg_steps_are_not_the_solve(form):
     assert rel_err(o, o_ref) > 1e-3
 
 
-@pytest.mark.slow  # 4 s; the quick subset runs the training form against the definition
+@pytest.mark.slow  # 6 s; the quick subset runs the training form against the definition
 def test_reads_at_positions_equal_the_definitions_rows():
+    """Every form reading at 3 positions (one twice) against the definition's rows there, values, state and
+    gradients, from a state: chunks of 4 (the parallel form makes H_t at the 3 reads alone, from their chunks'
+    entry states) and of 2 (fewer tokens than reads: every token's system, the others with no right side)."""
     x = inputs()
     read_at = jnp.array([[0, 12, 5], [7, 7, 3]])
-    o_ref, S_ref = mesa.recurrent(**x, precision=FULL)
+    names = [n for n in x if n != "state"]
+    w = jax.random.normal(jax.random.key(7), (B, 3, H, DV))
+
+    def projected(form, **kw):  # o at the reads and both final sums, projected, and its gradients
+        def loss(*args):
+            o, S = form(**dict(x, **dict(zip(names, args))), precision=FULL, **kw)
+            if o.shape[1] == T:
+                o = jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)
+            return jnp.sum(w * o) + sum(jnp.sum(jnp.sin(s)) for s in S), (o, S)
+        return jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
+
+    g_ref, (o_ref, S_ref) = projected(mesa.recurrent)
     forms = [partial(mesa.parallel, solver=solver) for solver in mesa.SOLVERS] + [mesa.chunked_cg]
-    # chunks of 4: H_t made at the 3 reads alone; of 2 (fewer tokens than reads): every H_t made, the read ones taken
     for form, chunk in [(form, 4) for form in forms] + [(mesa.parallel, 2)]:
-        o, S = form(**x, cg_steps=12, chunk=chunk, read_at=read_at, precision=FULL)
-        assert rel_err(o, jnp.take_along_axis(o_ref, read_at[:, :, None, None], axis=1)) <= 1e-5
+        g, (o, S) = projected(form, cg_steps=12, chunk=chunk, read_at=read_at)
+        assert rel_err(o, o_ref) <= 1e-5
         assert all(rel_err(a, b) <= 1e-5 for a, b in zip(S, S_ref))
+        assert all(rel_err(a, b) <= 1e-5 for a, b in zip(g, g_ref)), form
 
 
-@pytest.mark.slow  # 3 s quiet; the default job's one chunk from no state is the golden mesa case's last layer
-def test_the_sums_at_the_reads_are_the_rows_of_every_sum():
-    """prefix_sums_at (the parallel form's H_t where a layer reads) against prefix_sums' rows there, values and
-    gradients: reads in several chunks and twice at one position, with a state entering."""
-    x, chunk = inputs(), 4
-    read_at = jnp.array([[0, 12, 5, 12], [7, 7, 3, 11]])
-    S0 = x["state"][0]
+@pytest.mark.parametrize("solver", mesa.SOLVERS)
+@pytest.mark.parametrize("state", [None, "shared", "each"])
+def test_the_solves_backward_through_the_keys_is_autodiffs_through_the_sums(solver, state):
+    """ridge_solve's gradients, contracted through the keys, against autodiff through the sums made whole and an
+    exact solve (LU): the weights, keys, right sides, Lambda and, where a state enters, its decay and the state,
+    one for all the reads or one each."""
+    ks = jax.random.split(jax.random.key(3), 6)
+    R, J = 5, 7
+    W = jnp.tril(jax.nn.sigmoid(jax.random.normal(ks[0], (B, H, R, J))), 2)
+    k = jax.random.normal(ks[1], (B, H, J, DK)) / 2
+    q = jax.random.normal(ks[2], (B, H, R, DK))
+    lam = 0.25 + jax.nn.softplus(jax.random.normal(ks[3], (1, H, 1, DK)))
+    e = S = None
+    if state is not None:
+        e = jax.nn.sigmoid(jax.random.normal(ks[4], (B, H, R)))
+        S = jax.random.normal(ks[5], (B, H, 1 if state == "shared" else R, DK, DK))
+        S = jnp.einsum("...kl,...ml->...km", S, S) / DK
 
-    def every_row(k, log_a, beta, S0):
-        S_t, S_T = mesa.prefix_sums(k, k, log_a, beta, S0, chunk, FULL)
-        return jnp.take_along_axis(S_t, read_at[:, :, None, None, None], axis=1), S_T
+    def exact(W, k, q, lam, e, S):
+        A = ridge_solve.sums(W, k, e, S, FULL) + jnp.broadcast_to(lam, q.shape)[..., None] * jnp.eye(DK)[None, None, None]
+        return jnp.linalg.solve(A, q[..., None])[..., 0]
 
-    def at_reads(k, log_a, beta, S0):
-        return mesa.prefix_sums_at(k, k, log_a, beta, read_at, S0, chunk, FULL)
+    def fast(W, k, q, lam, e, S):
+        return ridge_solve.ridge_solve(W, k, q, lam, e, S, solver, 3 * DK, FULL)
 
-    def project(form):  # a random projection of S_t at the reads and of S_T, whose gradients compare
-        w = [jax.random.normal(jax.random.key(i), s) for i, s in enumerate([(B, 4, H, DK, DK), (B, H, DK, DK)])]
-        return lambda *a: sum(jnp.sum(wi * s) for wi, s in zip(w, form(*a)))
-
-    args = (x["k"], x["log_a"], x["beta"], S0)
-    for a, b in zip(at_reads(*args), every_row(*args)):
-        assert rel_err(a, b) <= 1e-6
-    grads = [jax.grad(project(form), argnums=(0, 1, 2, 3))(*args) for form in (at_reads, every_row)]
+    w = jax.random.normal(jax.random.key(9), q.shape)
+    args = (W, k, q, lam, e, S)
+    wrt = (0, 1, 2, 3) if state is None else (0, 1, 2, 3, 4, 5)
+    assert rel_err(fast(*args), exact(*args)) <= 1e-5
+    grads = [jax.grad(lambda *a, f=f: jnp.sum(w * jnp.sin(f(*a))), argnums=wrt)(*args) for f in (fast, exact)]
     for a, b in zip(*grads):
-        assert rel_err(a, b) <= 1e-6
+        assert a.shape == b.shape and rel_err(a, b) <= 1e-5
 
 
 def test_the_definition_is_the_gamma_weighted_ridge_solution_of_each_prefix():

@@ -6,7 +6,7 @@ once, so it undercounts any step with a loop in it: the microbatches of
 slices of 32 report half the work), the scan over chunks of
 `tmem.memory.chunked` and the scan over tokens of the recurrent form
 (`tmem.memory.linear_state.recurrent`, mixer.run.form=recurrent), mesa's
-conjugate-gradient steps (`tmem.memory.mesa.cg_solve`, forward and backward)
+conjugate-gradient steps (`tmem.memory.ridge_solve.cg`, forward and backward)
 and the scans over mini-batches of TTT (`tmem.memory.ttt.dual`) and Titans
 (`tmem.memory.gradient.parallel`).
 `step_flops(cfg)` counts what the step computes, part by part, by reading the

@@ -47,35 +47,41 @@ def chunked_cg(BH: int, T: int, d: int, chunk: int, decay_grad: bool, strength_g
     return flops + diagonal + 2 * solve + pullback
 
 
-def key_sums(BH: int, T: int, d: int, decay_grad: bool, chunk: int, once: bool = False,
-             strength_grad: bool = True, reads: int | None = None) -> int:
-    """tmem.memory.mesa.prefix_sums(k, k, ...) for BH heads of T tokens: H_t = sum_{j<=t} gamma_tj k_j k_j^T
-    [d x d] at every t, forward and backward, from an empty state; reads: made only at that many (example, read,
-    head) rows (prefix_sums_at).
+def sums_and_solves(BH: int, T: int, d: int, chunk: int, decay_grad: bool, strength_grad: bool, steps: int,
+                    reads: int | None = None, masked: bool = False, once: bool = False) -> int:
+    """mesa.parallel's sums H_t and its ridge solves (tmem.memory.ridge_solve) for BH heads of T tokens, forward
+    and backward, from an empty state: reads, the systems made at that many (example, read, head) rows alone
+    (fewer reads than a chunk's tokens), else every token's (masked: the rows not read have no right side).
 
-    In each chunk of C tokens, every k_j k_j^T, then a C x C matmul with the gated decays exp(b_t - b_j) beta_j
-    (decay_grad: whether log a trains; strength_grad: whether beta does); at the reads, each read's row of its
-    chunk's decays (zero in the other chunks: a matmul over all T) picked and masked, forward and backward.
-    Several chunks pass their entry states through a scan (once: count one step of it, as XLA does), and each
-    H_t adds its decayed entry state.
+    Forward, each chunk's C x C gated decays times its keys' outer products (at the reads, each read's row of
+    its chunk's decays over every token, zero in the others: a matmul over all T), a decayed entry state added
+    where several chunks pass one, and `steps` CG iterations (the products H p + Lambda p). Backward, the same
+    iterations on the adjoint system, and the sums' gradients through the keys: the scores x k^T and g k^T,
+    the decays' gradient, and the keys' (two matmuls back); Lambda's, and the entry states'. Several chunks pass
+    their entry states through a scan (once: count one step of it, as XLA does). The final sum H_T, which a
+    training step never reads, XLA drops, and so does this count.
     """
     N = math.ceil(T / chunk)
     C = chunk if N > 1 else T
-    chunks, rows, E = BH * N, BH * N * C, d * d
-    made = rows if reads is None else reads  # the H_t made
-    gates_grad = decay_grad or strength_grad
-    # k k^T (and, where the gates train, their gradient: a second matmul), and backward the sum of its gradient
-    # times k, twice (k is both factors), added
-    if reads is None:
-        flops = matmul(chunks * C, C, E, grads=1 + gates_grad)
-    else:
-        flops = matmul(reads, N * C, E, grads=1 + gates_grad) + 3 * reads * N * C * gates_grad
-    flops += rows * (E + 4 * E + d) + gates(chunks, C, decay_grad, strength_grad)
-    if N > 1:
-        # each chunk's write sum_j exp(b_C - b_j) beta_j k_j k_j^T (its gates: sub, product), and e^{b_t} H_in added
-        # to each H_t, forward and backward; the scan: a H + write, and backward a times dH and a's gradient
-        flops += matmul(chunks * E, C, 1) + chunks * C * (E + 4 * E + d) + rows * (2 + 5) + made * E * (2 + 4)
-        flops += (1 if once else N) * BH * E * 5
+    chunks, tokens, E = BH * N, BH * N * C, d * d
+    systems = tokens if reads is None else reads
+    pairs = chunks * C * C if reads is None else reads * N * C  # the weights W: each system's over the tokens
+    flops = gates(chunks, C, decay_grad, strength_grad)
+    if reads is not None and (decay_grad or strength_grad):  # each read's row picked and masked; backward too
+        flops += 3 * pairs
+    if N > 1:  # each chunk's gated write and the scan, forward and backward
+        flops += matmul(chunks * E, C, 1) + chunks * C * (5 * E + d) + tokens * 7 + (1 if once else N) * BH * E * 5
+        # e S added (2 E); backward S x (2 E), e's gradient (g . S x), S's: e g (d) times x (2 E a system, summed
+        # over the chunk's systems where they share one state: negated once a chunk)
+        flops += systems * (6 * E + 3 * d + 1) + (0 if reads else chunks * E)
+    if masked:
+        flops += systems * d
+    flops += tokens * E + 2 * pairs * E  # the outer products and the weights' matmul
+    solve = 2 * E + 7 * d + (1 if once else steps) * (cg_step(d) + 2 * d)  # cg_step's product, + Lambda p
+    flops += 2 * systems * solve
+    # the scores x k^T and g k^T, dW = -(x k^T)(g k^T), W times each score, the two matmuls back, their sum;
+    # Lambda's gradient -g x summed over the systems
+    flops += 4 * pairs * d + 2 * pairs + 2 * pairs + 4 * pairs * d + 2 * BH * N * C * d + 3 * systems * d
     return flops
 
 
@@ -86,14 +92,6 @@ def gates(chunks: int, C: int, decay_grad: bool, strength_grad: bool) -> int:
     if not (decay_grad or strength_grad):
         return 0
     return chunks * (cumsum(C) * (1 + decay_grad) + C * C * (3 + (8 if decay_grad else 2)))
-
-
-def cg(rows: int, d: int, steps: int, once: bool = False) -> int:
-    """tmem.memory.mesa.cg_solve on `rows` systems A x = b of d unknowns: `steps` conjugate-gradient iterations
-    from the Jacobi guess b / diag(A); backward, the same iterations on the adjoint system, and dA = (-db) x^T.
-    The iterations are a scan (once: count one of each scan, as XLA does)."""
-    init = 2 * d * d + 4 * d  # b / diag(A), r = b - A x, r . r
-    return rows * (2 * (init + (1 if once else steps) * cg_step(d)) + d * d + d)
 
 
 def cg_step(d: int) -> int:

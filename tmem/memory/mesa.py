@@ -20,18 +20,21 @@ Sherman-Morrison recursion of Derivation D5 holds only with every gate open
 (a = beta = 1), where the read is recursive least squares (a test checks that).
 
 `parallel` is the short sequences' training form: H_t for every t computed
-at once (masked matmuls inside chunks, the state passed between chunks; at
-T <= chunk the masked quadratic form with no loop), then the T systems solved
-side by side, with a fixed number of conjugate-gradient steps (MesaNet's
-solver) or a batched Cholesky factorisation, and G read by the chunked
-linear-attention form with the solved x_t as queries. It holds T matrices
-d_k x d_k (with read_at, one for each read: `prefix_sums_at`). `chunked_cg`
-is the long sequences' (MesaNet's chunked conjugate gradient): the same CG,
-each product H_t p_t made from the state entering t's chunk and the chunk's
-gated keys, so it holds one matrix per chunk. The
-conjugate-gradient solve, over matrices or over chunks, is differentiated
-implicitly: its backward solves the adjoint system (the same matrix,
-symmetric) with the same number of steps, so no iterate is stored.
+at once (a masked matmul of each chunk's gated decays with its keys' outer
+products, the state passed between chunks; at T <= chunk the masked
+quadratic form with no loop), then the T systems solved side by side, with a
+fixed number of conjugate-gradient steps (MesaNet's solver) or a batched
+Cholesky factorisation, and G read by the chunked linear-attention form with
+the solved x_t as queries. It holds T matrices d_k x d_k (with fewer reads
+than a chunk's tokens, one for each read, from its row of its chunk's decays).
+Its backward (tmem.memory.ridge_solve) contracts each solve's rank-one gradient
+with the keys before it meets the sums, so it makes no matrix per token.
+`chunked_cg` is the long sequences' (MesaNet's chunked conjugate gradient):
+the same CG, each product H_t p_t made from the state entering t's chunk and
+the chunk's gated keys, so it holds one matrix per chunk. The
+conjugate-gradient solve, in either form, is differentiated implicitly: its
+backward solves the adjoint system (the same matrix, symmetric) with the same
+number of steps, so no iterate is stored.
 
 Shapes, per batch b, time t, head h: q, k [B, T, H, d_k], v [B, T, H, d_v],
 log_a and beta [B, T, H] (a scalar gate per head), lam [H, d_k] (positive),
@@ -46,11 +49,8 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
-
 from tmem.memory.chunked import chunked
-
-SOLVERS = ("cg", "cholesky")
+from tmem.memory.ridge_solve import SOLVERS, cg, ridge_solve
 
 
 def _f32(x):
@@ -141,111 +141,27 @@ def _entry_states(k_c, u_c, cum, b, state, precision=None):
     return S_in, final
 
 
-def prefix_sums(k, u, log_a, beta, state=None, chunk: int = 64, precision=None):
-    """S_t = a_t S_{t-1} + beta_t k_t u_t^T at every t: [B, T, H, d_k, d_u], and S_T.
-
-    Inside a chunk, with b_t the chunk-local cumulative log decay and S the
-    state entering it, S_t = e^{b_t} S + sum_{j<=t} e^{b_t - b_j} beta_j k_j u_j^T:
-    one masked matmul of the C x C decay matrix with the chunk's outer products.
-    """
-    T = k.shape[1]
-    N, C = _layout(T, chunk)
-    k_c, u_c, b = _chunks(k, N, C), _chunks(u, N, C), _chunks(beta, N, C)
-    cum, decay = _gates(log_a, beta, N, C)
-    within = jnp.einsum("...tj,...jk,...ju->...tku", decay, k_c, u_c, precision=precision)  # [N, B, H, C, d_k, d_u]
-    S_in, final = _entry_states(k_c, u_c, cum, b, state, precision)
-    if S_in is None:
-        return _unchunk(within, T), within[0, :, :, -1]
-    return _unchunk(jnp.exp(cum)[..., None, None] * S_in[:, :, :, None] + within, T), final
-
-
-def prefix_sums_at(k, u, log_a, beta, read_at, state=None, chunk: int = 64, precision=None):
-    """prefix_sums' S_t only where the layer reads, read_at [B, Q]: [B, Q, H, d_k, d_u], and S_T.
-
-    Each read's S_t is its row of its chunk's decay matrix times the chunk's outer products (plus its decayed
-    entry state), so a layer that reads at Q of T positions makes Q matrices, not T: the rows of the other
-    chunks are zero, one matmul over all chunks at once.
-    """
-    B, T, Hh, dk = k.shape
-    N, C = _layout(T, chunk)
-    k_c, u_c = _chunks(k, N, C), _chunks(u, N, C)
-    cum, decay = _gates(log_a, beta, N, C)
-    n, i = read_at // C, read_at % C  # [B, Q]: each read's chunk and place in it
-    rows = jnp.take_along_axis(decay, i[None, :, None, :, None], axis=3)  # [N, B, H, Q, C]
-    rows = jnp.where((jnp.arange(N)[:, None, None] == n[None])[:, :, None, :, None], rows, 0.0)
-    outer = k_c[..., :, None] * u_c[..., None, :]  # [N, B, H, C, d_k, d_u]
-    within = jnp.einsum("nbhqj,nbhjx->bqhx", rows, outer.reshape(*outer.shape[:-2], -1), precision=precision)
-    within = within.reshape(*within.shape[:-1], dk, u.shape[-1])
-    S_in, final = _entry_states(k_c, u_c, cum, _chunks(beta, N, C), state, precision)
-    if S_in is None:  # one chunk from no state: S_T is its last row's sum
-        last = jnp.einsum("...j,...jx->...x", decay[0, ..., -1, :], outer[0].reshape(*outer.shape[1:-2], -1),
-                          precision=precision)
-        return within, last.reshape(B, Hh, dk, u.shape[-1])
-    batch = jnp.arange(B)[:, None]
-    entry = jnp.moveaxis(S_in, 0, 1)[batch, n]  # [B, Q, H, d_k, d_u]
-    e = jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i])  # [B, Q, H]
-    return e[..., None, None] * entry + within, final
-
-
-def _safe_div(num, den):
-    ok = den > 0
-    return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
-
-
-def _cg(operator, op, b, steps: int, precision=None):
-    """`steps` conjugate-gradient iterations on A x = b, A symmetric positive definite given as `operator` (its
-    product, its diagonal and the pullback of its product) of `op`, started at the Jacobi guess b / diag(A).
-    Each row of b is its own system. A converged residual stays put: zero steps, not 0 / 0."""
-    apply, diagonal, _ = operator
-    dot = lambda x, y: jnp.sum(x * y, axis=-1, keepdims=True)  # noqa: E731
-    x = b / diagonal(op, precision)
-    r = b - apply(op, x, precision)
-    p, rr = r, dot(r, r)
-
-    def step(carry, _):
-        x, r, p, rr = carry
-        Ap = apply(op, p, precision)
-        alpha = _safe_div(rr, dot(p, Ap))
-        x, r = x + alpha * p, r - alpha * Ap
-        rr_new = dot(r, r)
-        p = r + _safe_div(rr_new, rr) * p
-        return (x, r, p, rr_new), None
-
-    return jax.lax.scan(step, (x, r, p, rr), None, length=steps)[0][0]
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def _cg_solve(operator, op, b, steps: int, precision=None):
     """x ~ A^{-1} b by `steps` conjugate-gradient iterations, differentiated as the solve it approximates
     (implicit differentiation): db = A^{-1} dx by the same CG steps, and A's gradient -db x^T reaches `op` by
     the operator's pullback (of A x at x), whatever A is made of. Equal to the exact solve's gradient once CG
     has converged; no iterate is kept for the backward."""
-    return _cg(operator, op, b, steps, precision)
+    return cg(operator, op, b, steps, precision)
 
 
 def _cg_fwd(operator, op, b, steps, precision):
-    x = _cg(operator, op, b, steps, precision)
+    x = cg(operator, op, b, steps, precision)
     return x, (op, x)
 
 
 def _cg_bwd(operator, steps, precision, residuals, dx):
     op, x = residuals
-    db = _cg(operator, op, dx, steps, precision)
+    db = cg(operator, op, dx, steps, precision)
     return operator[2](op, x, -db, precision), db
 
 
 _cg_solve.defvjp(_cg_fwd, _cg_bwd)
-
-# A matrix [..., d, d] given whole: its product, its diagonal, and the pullback of A x to A (an outer product)
-DENSE = (lambda A, x, precision: jnp.einsum("...kl,...l->...k", A, x, precision=precision),
-         lambda A, precision: jnp.diagonal(A, axis1=-2, axis2=-1),
-         lambda A, x, dy, precision: dy[..., :, None] * x[..., None, :])
-
-
-def cg_solve(A, b, steps: int, precision=None):
-    """x ~ A^{-1} b by `steps` conjugate-gradient iterations; A [..., d, d] symmetric positive definite, b [..., d].
-    Differentiated as the solve: db = A^{-1} dx and dA = -db x^T."""
-    return _cg_solve(DENSE, A, b, steps, precision)
 
 
 def _chunk_apply(op, p, precision):
@@ -272,40 +188,6 @@ def _chunk_pullback(op, x, dy, precision):
 CHUNKED = (_chunk_apply, _chunk_diagonal, _chunk_pullback)
 
 
-def _cholesky(A, b):
-    L = jnp.linalg.cholesky(A)
-    return _cholesky_apply(L, b), L
-
-
-def _cholesky_apply(L, b):
-    y = solve_triangular(L, b[..., None], lower=True)
-    return solve_triangular(L, y, lower=True, trans="T")[..., 0]
-
-
-@jax.custom_vjp
-def cholesky_solve(A, b):
-    """A^{-1} b by a batched Cholesky factorisation A = L L^T and two triangular solves.
-
-    Differentiated as the solve, like cg_solve (db = A^{-1} dx, dA = -db x^T): autodiff through the
-    factorisation would see only A's lower triangle and hand a state H a symmetrised gradient.
-    """
-    return _cholesky(A, b)[0]
-
-
-def _cholesky_fwd(A, b):
-    x, L = _cholesky(A, b)
-    return x, (L, x)
-
-
-def _cholesky_bwd(residuals, dx):
-    L, x = residuals
-    db = _cholesky_apply(L, dx)
-    return -db[..., :, None] * x[..., None, :], db
-
-
-cholesky_solve.defvjp(_cholesky_fwd, _cholesky_bwd)
-
-
 def _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision):
     """o = G_t^T x_t, by the chunked linear-attention form with the solutions x as queries, and G_T."""
     return chunked(x, k, v, log_a=log_a[..., None], beta=beta, state=G0, chunk=chunk, read_at=read_at,
@@ -324,20 +206,35 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     out_dtype = v.dtype
     q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
-    # with fewer reads than a chunk's tokens, H_t made only at the reads (its matmul is Q x T against the T x C of
-    # making every H_t); with more, every H_t made and the read ones taken
-    if read_at is not None and read_at.shape[1] < _layout(k.shape[1], chunk)[1]:
-        H_t, H_T = prefix_sums_at(k, k, log_a, beta, read_at, H0, chunk, precision)
-    else:
-        H_t, H_T = prefix_sums(k, k, log_a, beta, H0, chunk, precision)
-        if read_at is not None:
-            H_t = jnp.take_along_axis(H_t, read_at[:, :, None, None, None], axis=1)
-    if read_at is not None:  # the systems solved only where the layer reads
-        q = jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
-    A = _ridge(H_t, lam)
-    x = cg_solve(A, q, cg_steps, precision) if solver == "cg" else cholesky_solve(A, q)
-    if read_at is not None:  # back in place for the chunked read, which takes the rows at read_at
-        x = jnp.zeros(k.shape, x.dtype).at[jnp.arange(k.shape[0])[:, None], read_at].set(x)
+    B, T, Hh, dk = k.shape
+    N, C = _layout(T, chunk)
+    k_c = _chunks(k, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
+    if S_in is None:  # one chunk from no state: H_T is its last row's sum
+        H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
+    # lam [H, d_k] against the right sides, [N, B, H, C, d_k] or [B, H, Q, d_k]
+    solve = lambda W, k, q, e, S: ridge_solve(W, k, q, lam.reshape((1,) * (q.ndim - 3) + (Hh, 1, dk)), e, S,  # noqa: E731
+                                              solver, cg_steps, precision)
+    if read_at is None or read_at.shape[1] >= C:  # every token's system, in its chunk, from the chunk's state
+        if read_at is not None:  # the rows not read have no right-hand side and solve to zero
+            q = q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
+        e, S = (None, None) if S_in is None else (jnp.exp(cum), S_in[..., None, :, :])
+        x = _unchunk(solve(decay, k_c, _chunks(q, N, C), e, S), T)
+    else:  # fewer reads than a chunk's tokens: each read's row of its chunk's decays (zero in the others) alone
+        n, i = read_at // C, read_at % C  # [B, Q]: each read's chunk and place in it
+        rows = jnp.take_along_axis(decay, i[None, :, None, :, None], axis=3)  # [N, B, H, Q, C]
+        rows = jnp.where((jnp.arange(N)[:, None, None] == n[None])[:, :, None, :, None], rows, 0.0)
+        W = jnp.moveaxis(rows, 0, 3).reshape(B, Hh, -1, N * C)  # [B, H, Q, N C]
+        e = S = None
+        if S_in is not None:  # each read's chunk's entry state, decayed to it
+            batch = jnp.arange(B)[:, None]
+            S = jnp.moveaxis(jnp.moveaxis(S_in, 0, 1)[batch, n], 1, 2)  # [B, H, Q, d_k, d_k]
+            e = jnp.moveaxis(jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i]), 1, 2)  # [B, H, Q]
+        q_r = jnp.moveaxis(jnp.take_along_axis(q, read_at[:, :, None, None], axis=1), 1, 2)
+        x = solve(W, jnp.moveaxis(k_c, 0, 2).reshape(B, Hh, N * C, dk), q_r, e, S)  # [B, H, Q, d_k]
+        # back in place for the chunked read, which takes the rows at read_at
+        x = jnp.zeros(k.shape, x.dtype).at[jnp.arange(B)[:, None], read_at].set(jnp.moveaxis(x, 1, 2))
     o, G_T = _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision)
     return o.astype(out_dtype), (H_T, G_T)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 # the memories' counts, which the rows read through this module
 from tmem.memory.flops import (  # noqa: F401
     GELU, PRODUCT, chunked, elementwise, gradient_memory, matmul, recurrent, ttt_dual)
-from tmem.memory.flops_mesa import cg, chunked_cg, key_sums  # noqa: F401
+from tmem.memory.flops_mesa import chunked_cg, sums_and_solves  # noqa: F401
 from tmem.memory.flops_decays import rwkv7_chunked, selective_scan  # noqa: F401
 
 

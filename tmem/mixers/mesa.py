@@ -134,12 +134,8 @@ class MesaConfig(MixerConfig):
         else:
             # H_t made at the reads alone when they are fewer than a chunk's tokens (tmem.memory.mesa.parallel)
             at_reads = Q is not None and Q < min(c.run.chunk, T)
-            memory = count.key_sums(B * H, T, d, gated, c.run.chunk, once, strength_grad=written,
-                                    reads=reads if at_reads else None)
-            # H_t + Lambda at the reads; backward, Lambda's gradient: dA times the identity, summed over the reads
-            # (and, H_t made at every token and read at Q, H_t's gradient scattered back)
-            memory += reads * d * d * (3 + (Q is not None and not at_reads))
-            memory += count.cg(reads, d, c.cg_steps, once)
+            memory = count.sums_and_solves(B * H, T, d, c.run.chunk, gated, written, c.cg_steps,
+                                           reads if at_reads else None, Q is not None and not at_reads, once)
         memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.run.chunk, None if Q is None else reads,
                                 once)
         parts["mixer/memory"] += memory
