@@ -98,6 +98,9 @@ def sums(W, k, e=None, S=None, precision=None):
     """H_r = sum_j W_rj k_j k_j^T + e_r S [..., R, d, d]: W [..., R, J] times the outer products of k [..., J, d]
     (one matmul), and where a state enters, S [..., 1 or R, d, d] (shared by the reads or one each) times e [..., R]."""
     d = k.shape[-1]
+    # the keys made once: XLA would otherwise fuse their making (the convolution, the unit norm) into the outer
+    # products and redo it d_k times a key (a quarter of the evaluation's time)
+    k = jax.lax.optimization_barrier(k)
     outer = (k[..., :, :, None] * k[..., :, None, :]).reshape(*k.shape[:-1], d * d)
     H = jnp.einsum("...rj,...jx->...rx", W, outer, precision=precision).reshape(*W.shape[:-1], d, d)
     return H if S is None else H + e[..., None, None] * S
