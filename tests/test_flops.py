@@ -186,13 +186,13 @@ def test_xla_counts_the_scan_over_chunks_once():
     assert unrolled - once == 2 * state_pass(64 * H, 32, 64 // H, 64 // H, decay=None, delta=True)
 
 
-# The rows whose default job has a loop besides the microbatches': mesa's 30 conjugate-gradient steps, each
+# The rows whose default job has a loop besides the microbatches': mesa's 16 conjugate-gradient steps, each
 # solve's forward and backward a scan; TTT's scan over the mini-batches after the first (3 of the 4 of 16 tokens),
 # and the gradient memory's over all but the first and last (2). In each of the 2 layers, for 64 examples x 4 heads
 # of d = 16 (TTT-MLP's hidden 64; Titans' two heads of 32, hidden 128), what the unrolled count has more than
 # XLA's is the rest of each loop's steps: mesa's at the 64 positions of the first layer and the 4 reads of the last.
 LOOP_BODIES = {
-    "mesa": lambda: 2 * 29 * 64 * 4 * (64 + 4) * (cg_step(16) + 2 * 16),  # each solve's, + Lambda p, both ways
+    "mesa": lambda: 2 * 15 * 64 * 4 * (64 + 4) * (cg_step(16) + 2 * 16),  # each solve's (d_k = 16 steps) both ways
     "ttt_linear": lambda: 2 * 2 * ttt_step(64 * 4, 16, 16),
     "ttt_mlp": lambda: 2 * 64 * 4 * gradient_step(16, [16, 64, 16], True, True, True, False, False),
     "titans": lambda: 2 * 64 * 2 * gradient_step(16, [32, 128, 32], True, True, False, True, True),

@@ -36,6 +36,7 @@ FORMS = ("auto", "parallel", "chunked", "recurrent")
 CHUNKED_FROM = 512
 FORGETS = ("gate", "fixed", "none")
 WRITE_STRENGTHS = ("sigmoid", "one")
+MESANET_CG_STEPS = 30  # MesaNet's training solves (fla's max_cg_step_training): the cap of the default steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +53,11 @@ class MesaConfig(MixerConfig):
     recipe: Recipe = recommended(lr=1e-2)
     heads: int = 4
     run: MesaRun = run_field(MesaRun)
-    solver: str = "cg"  # the parallel form's: cg (MesaNet's, cg_steps iterations) | cholesky (exact)
-    cg_steps: int = 30  # MesaNet's training default (fla's max_cg_step_training)
+    solver: str = "cg"  # the parallel form's: cg (MesaNet's, `steps` iterations) | cholesky (exact)
+    # null: d_k (the head's key width), at most MesaNet's 30 (fla's max_cg_step_training). CG solves d_k unknowns
+    # in d_k steps in exact arithmetic; the steps after that only chase float32's rounding (against the exact
+    # solve at d_k = 16, 32 and 64 with every gate open, outputs and gradients agree to 1.6e-6 at d_k steps as at 30)
+    cg_steps: int | None = None
     short_conv: int = 4  # kernel of the causal convolution (with SiLU) on q and k; 0 for none
     lambda_floor: float = 0.25  # Lambda = softplus(p) + lambda_floor > lambda_floor: the system stays well posed
     lambda_init: float = 1.0
@@ -78,6 +82,10 @@ class MesaConfig(MixerConfig):
             raise ValueError(f"mixer.lambda_floor={self.lambda_floor} must be positive: it keeps the solve posed")
         if self.lambda_init <= self.lambda_floor:
             raise ValueError(f"mixer.lambda_init={self.lambda_init} must exceed mixer.lambda_floor={self.lambda_floor}")
+
+    def steps(self, width: int) -> int:
+        """The conjugate-gradient steps each solve takes: cg_steps, or by default d_k, at most MesaNet's 30."""
+        return self.cg_steps or min(width // self.heads, MESANET_CG_STEPS)
 
     def fit(self, task, width: int) -> MesaConfig:
         """auto's form for the task's length."""
@@ -130,11 +138,11 @@ class MesaConfig(MixerConfig):
         parts["norms"] += count.norm("rmsnorm", R * D)
         reads = B * H * (Q or T)  # the systems solved: one for each read of each head
         if c.run.form == "chunked":  # every token's system, each product from its chunk's entry state and keys
-            memory = count.chunked_cg(B * H, T, d, c.run.chunk, gated, written, c.cg_steps, Q is not None, once)
+            memory = count.chunked_cg(B * H, T, d, c.run.chunk, gated, written, c.steps(D), Q is not None, once)
         else:
             # H_t made at the reads alone when they are fewer than a chunk's tokens (tmem.memory.mesa.parallel)
             at_reads = Q is not None and Q < min(c.run.chunk, T)
-            memory = count.sums_and_solves(B * H, T, d, c.run.chunk, gated, written, c.cg_steps,
+            memory = count.sums_and_solves(B * H, T, d, c.run.chunk, gated, written, c.steps(D),
                                            reads if at_reads else None, Q is not None and not at_reads, once)
         memory += count.chunked(B * H, T, d, d, 1, gated, written, False, c.run.chunk, None if Q is None else reads,
                                 once)
@@ -221,10 +229,10 @@ class Mesa(Mixer):
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
         form = training_form(cfg, T) if cfg.run.form == "auto" else cfg.run.form  # a layer made without validation
         if form == "chunked":
-            o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.cg_steps, chunk=cfg.run.chunk, read_at=read_at,
+            o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.steps(D), chunk=cfg.run.chunk, read_at=read_at,
                                           **kwargs)
         elif form == "parallel":
-            o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.cg_steps, chunk=cfg.run.chunk,
+            o, (Hs, Gs) = mesa.parallel(q, k, v, solver=cfg.solver, cg_steps=cfg.steps(D), chunk=cfg.run.chunk,
                                         read_at=read_at, **kwargs)
         else:
             o, (Hs, Gs) = mesa.recurrent(q, k, v, **kwargs)
