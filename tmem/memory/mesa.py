@@ -49,6 +49,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+
 from tmem.memory.chunked import chunked
 from tmem.memory.ridge_solve import SOLVERS, cg, ridge_solve
 
@@ -213,9 +214,11 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
     if S_in is None:  # one chunk from no state: H_T is its last row's sum
         H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
-    # lam [H, d_k] against the right sides, [N, B, H, C, d_k] or [B, H, Q, d_k]
-    solve = lambda W, k, q, e, S: ridge_solve(W, k, q, lam.reshape((1,) * (q.ndim - 3) + (Hh, 1, dk)), e, S,  # noqa: E731
-                                              solver, cg_steps, precision)
+
+    def solve(W, keys, rhs, e, S):  # lam [H, d_k] against the right sides, [N, B, H, C, d_k] or [B, H, Q, d_k]
+        return ridge_solve(W, keys, rhs, lam.reshape((1,) * (rhs.ndim - 3) + (Hh, 1, dk)), e, S, solver, cg_steps,
+                           precision)
+
     if read_at is None or read_at.shape[1] >= C:  # every token's system, in its chunk, from the chunk's state
         if read_at is not None:  # the rows not read have no right-hand side and solve to zero
             q = q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
