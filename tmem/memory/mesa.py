@@ -189,6 +189,23 @@ def _chunk_pullback(op, x, dy, precision):
 CHUNKED = (_chunk_apply, _chunk_diagonal, _chunk_pullback)
 
 
+def _key_chunks(k, log_a, beta, H0, N: int, C: int, precision=None):
+    """What both training forms make of the keys: the keys in chunks, the chunk-local cumulative log decays and
+    gated decays (`_gates`), the state entering each chunk (None for one chunk from no state) and the final H_T."""
+    k_c = _chunks(k, N, C)
+    cum, decay = _gates(log_a, beta, N, C)
+    S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
+    if S_in is None:  # one chunk from no state: H_T is its last row's sum
+        H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
+    return k_c, cum, decay, S_in, H_T
+
+
+def _only_at(q, read_at):
+    """q [B, T, H, d] kept at the reads, zero elsewhere: the systems not read have no right-hand side."""
+    B, T = q.shape[:2]
+    return q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
+
+
 def _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision):
     """o = G_t^T x_t, by the chunked linear-attention form with the solutions x as queries, and G_T."""
     return chunked(x, k, v, log_a=log_a[..., None], beta=beta, state=G0, chunk=chunk, read_at=read_at,
@@ -209,19 +226,15 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
     B, T, Hh, dk = k.shape
     N, C = _layout(T, chunk)
-    k_c = _chunks(k, N, C)
-    cum, decay = _gates(log_a, beta, N, C)
-    S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
-    if S_in is None:  # one chunk from no state: H_T is its last row's sum
-        H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
+    k_c, cum, decay, S_in, H_T = _key_chunks(k, log_a, beta, H0, N, C, precision)
 
     def solve(W, keys, rhs, e, S):  # lam [H, d_k] against the right sides, [N, B, H, C, d_k] or [B, H, Q, d_k]
         return ridge_solve(W, keys, rhs, lam.reshape((1,) * (rhs.ndim - 3) + (Hh, 1, dk)), e, S, solver, cg_steps,
                            precision)
 
     if read_at is None or read_at.shape[1] >= C:  # every token's system, in its chunk, from the chunk's state
-        if read_at is not None:  # the rows not read have no right-hand side and solve to zero
-            q = q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
+        if read_at is not None:
+            q = _only_at(q, read_at)
         e, S = (None, None) if S_in is None else (jnp.exp(cum), S_in[..., None, :, :])
         x = _unchunk(solve(decay, k_c, _chunks(q, N, C), e, S), T)
     else:  # fewer reads than a chunk's tokens: each read's row of its chunk's decays (zero in the others) alone
@@ -254,15 +267,11 @@ def chunked_cg(q, k, v, *, log_a, beta, lam, state=None, cg_steps: int = 30, chu
     out_dtype = v.dtype
     q, k, v, log_a, beta, lam = map(_f32, (q, k, v, log_a, beta, lam))
     H0, G0 = (None, None) if state is None else tuple(map(_f32, state))
-    B, T = k.shape[:2]
+    T = k.shape[1]
     N, C = _layout(T, chunk)
-    k_c = _chunks(k, N, C)
-    cum, decay = _gates(log_a, beta, N, C)
-    S_in, H_T = _entry_states(k_c, k_c, cum, _chunks(beta, N, C), H0, precision)
-    if S_in is None:  # one chunk from no state: H_T is its last row's sum
-        H_T = jnp.einsum("...j,...jk,...jl->...kl", decay[0, ..., -1, :], k_c[0], k_c[0], precision=precision)
+    k_c, cum, decay, S_in, H_T = _key_chunks(k, log_a, beta, H0, N, C, precision)
     if read_at is not None:
-        q = q * jnp.zeros((B, T), q.dtype).at[jnp.arange(B)[:, None], read_at].set(1)[..., None, None]
+        q = _only_at(q, read_at)
     op = (S_in, None if S_in is None else jnp.exp(cum), decay, k_c, lam[None, None, :, None])
     x = _unchunk(_cg_solve(CHUNKED, op, _chunks(q, N, C), cg_steps, precision), T)
     o, G_T = _read_g(x, k, v, log_a, beta, G0, chunk, read_at, precision)
