@@ -169,10 +169,13 @@ def test_with_every_gate_open_it_is_recursive_least_squares():
         np.testing.assert_allclose(o[0, t, 1], S.T @ x["q"][0, t, 1], rtol=1e-4, atol=1e-5)
 
 
-def test_auto_takes_the_chunked_form_from_long_sequences_and_the_exact_solve_never():
+def test_auto_takes_the_chunked_form_from_long_sequences_of_wide_keys_and_the_exact_solve_never():
     long, short = SimpleNamespace(seq_len=CHUNKED_FROM), SimpleNamespace(seq_len=CHUNKED_FROM - 2)
-    assert MesaConfig().fit(long, 64).run.form == "chunked"
-    assert MesaConfig().fit(short, 64).run.form == "parallel"
-    assert MesaConfig(solver="cholesky").fit(long, 64).run.form == "parallel"  # the factorisation needs every H_t
+    wide, narrow = MesaConfig(heads=2), MesaConfig(heads=4)  # d_k = 32 and 16 at width 64
+    assert wide.fit(long, 64).run.form == "chunked"
+    assert wide.fit(short, 64).run.form == "parallel"
+    assert narrow.fit(long, 64).run.form == "parallel"  # H_t of 16 x 16 costs no more than the chunks' scores
+    assert narrow.fit(long, 128).run.form == "chunked"
+    assert MesaConfig(heads=2, solver="cholesky").fit(long, 64).run.form == "parallel"  # it needs every H_t
     with pytest.raises(ValueError, match="mixer.solver=cholesky needs every H_t"):
         MesaConfig(run=MesaRun("chunked"), solver="cholesky").check(64)

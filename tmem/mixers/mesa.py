@@ -34,6 +34,10 @@ FORMS = ("auto", "parallel", "chunked", "recurrent")
 # auto's switch: from this many tokens the chunked form, whose memory holds one H per chunk; below it the parallel
 # form's H_t at every token are small and its solve is a single matrix product per CG step (faster on a CPU)
 CHUNKED_FROM = 512
+# ... unless a head's keys are this narrow or narrower: then H_t (d_k^2 floats a token) costs no more memory than
+# the chunked form's scores, and the parallel form stays the quicker at any length (BENCHMARKS.md, "Long sequences":
+# at d_k = 16, 8,192 tokens, 1.06 times the chunked form's peak in half its step; at d_k = 32, 1.5 times and slower)
+PARALLEL_KEY_WIDTH = 16
 FORGETS = ("gate", "fixed", "none")
 WRITE_STRENGTHS = ("sigmoid", "one")
 MESANET_CG_STEPS = 30  # MesaNet's training solves (fla's max_cg_step_training): the cap of the default steps
@@ -41,7 +45,7 @@ MESANET_CG_STEPS = 30  # MesaNet's training solves (fla's max_cg_step_training):
 
 @dataclasses.dataclass(frozen=True)
 class MesaRun(Run):
-    # auto (by the task's length: CHUNKED_FROM) | parallel (all H_t at once, T solves side by side) | chunked
+    # auto (by the task's length and the key width) | parallel (all H_t at once, T solves side by side) | chunked
     # (MesaNet's chunked CG: one H per chunk, memory bounded at long T) | recurrent (the definition)
     form: str = "auto"
     chunk: int = 64  # tokens per chunk of the sums; a sequence that fits in one is the masked quadratic form
@@ -89,7 +93,7 @@ class MesaConfig(MixerConfig):
 
     def fit(self, task, width: int) -> MesaConfig:
         """auto's form for the task's length."""
-        return self if self.run.form != "auto" else self.with_run(form=training_form(self, task.seq_len))
+        return self if self.run.form != "auto" else self.with_run(form=training_form(self, task.seq_len, width))
 
     def state_size(self, width: int, seq_len: int) -> int:
         """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
@@ -150,9 +154,11 @@ class MesaConfig(MixerConfig):
         return parts
 
 
-def training_form(cfg: MesaConfig, seq_len: int) -> str:
-    """The form `auto` takes for sequences of seq_len tokens (the exact solve needs every H_t: parallel)."""
-    return "chunked" if seq_len >= CHUNKED_FROM and cfg.solver == "cg" else "parallel"
+def training_form(cfg: MesaConfig, seq_len: int, width: int) -> str:
+    """The form `auto` takes for sequences of seq_len tokens in a model this wide: chunked from CHUNKED_FROM tokens
+    where the heads' keys are wider than PARALLEL_KEY_WIDTH, else parallel (the exact solve needs every H_t)."""
+    long = seq_len >= CHUNKED_FROM and width // cfg.heads > PARALLEL_KEY_WIDTH
+    return "chunked" if long and cfg.solver == "cg" else "parallel"
 
 
 @struct.dataclass
@@ -227,7 +233,7 @@ class Mesa(Mixer):
         lam = self.lam()
         self.sow(nnx.Intermediate, "writes", (v, log_a[..., None], beta), capture_noop=True)
         kwargs = dict(log_a=log_a, beta=beta, lam=lam, state=None if state is None else (state.H, state.G))
-        form = training_form(cfg, T) if cfg.run.form == "auto" else cfg.run.form  # a layer made without validation
+        form = training_form(cfg, T, D) if cfg.run.form == "auto" else cfg.run.form  # a layer made without validation
         if form == "chunked":
             o, (Hs, Gs) = mesa.chunked_cg(q, k, v, cg_steps=cfg.steps(D), chunk=cfg.run.chunk, read_at=read_at,
                                           **kwargs)
