@@ -10,6 +10,7 @@ import pytest
 
 from tmem.memory import mesa, ridge_solve
 from tmem.memory.stores import rls_init, rls_writes
+from tmem.mixers.base import resumable_fields
 from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig, MesaRun
 
 B, H, DK, DV = 2, 2, 4, 3
@@ -167,6 +168,14 @@ def test_with_every_gate_open_it_is_recursive_least_squares():
     for t in (0, 3, 12):
         S, _ = rls_writes(rls_init(DK, DV, ridge=0.7), x["k"][0, : t + 1, 1], x["v"][0, : t + 1, 1])
         np.testing.assert_allclose(o[0, t, 1], S.T @ x["q"][0, t, 1], rtol=1e-4, atol=1e-5)
+
+
+def test_the_default_cg_steps_are_the_key_width_at_most_mesanets_30_and_a_resume_may_change_them():
+    task = SimpleNamespace(seq_len=64)
+    assert [MesaConfig(heads=h).fit(task, 64).cg_steps for h in (4, 2, 1)] == [16, 30, 30]  # d_k 16, 32, 64
+    assert MesaConfig(heads=4).fit(task, 256).cg_steps == 30
+    assert MesaConfig(cg_steps=7).fit(task, 64).cg_steps == 7  # a given count is kept
+    assert "cg_steps" in resumable_fields(MesaConfig)  # the same function: a run saved at 30 resumes at 16
 
 
 def test_auto_takes_the_chunked_form_from_long_sequences_of_wide_keys_and_the_exact_solve_never():

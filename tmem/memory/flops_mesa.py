@@ -79,9 +79,9 @@ def sums_and_solves(BH: int, T: int, d: int, chunk: int, decay_grad: bool, stren
     flops += tokens * E + 2 * pairs * E  # the outer products and the weights' matmul
     solve = 2 * E + 7 * d + (1 if once else steps) * (cg_step(d) + 2 * d)  # cg_step's product, + Lambda p
     flops += 2 * systems * solve
-    # the scores x k^T and g k^T, dW = -(x k^T)(g k^T), W times each score, the two matmuls back, their sum;
-    # Lambda's gradient -g x summed over the systems
-    flops += 4 * pairs * d + 2 * pairs + 2 * pairs + 4 * pairs * d + 2 * BH * N * C * d + 3 * systems * d
+    # the scores x k^T and g k^T and the two matmuls back (2 pairs d each), dW = -(x k^T)(g k^T) and W times each
+    # score (2 pairs each), the keys' gradient's sum and sign; Lambda's gradient -g x summed over the systems
+    flops += 8 * pairs * d + 4 * pairs + 2 * tokens * d + 3 * systems * d
     return flops
 
 

@@ -62,7 +62,8 @@ class Recipe:
     def __post_init__(self):
         steps = self.steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
-            raise ValueError(f"mixer.recipe.steps={steps} must be a positive number of steps, or null (5,000)")
+            raise ValueError(f"mixer.recipe.steps={steps} must be a positive number of steps, or null (the job's "
+                             "train.steps)")
 
 
 @dataclasses.dataclass(frozen=True)

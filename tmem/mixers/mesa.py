@@ -28,7 +28,7 @@ from tmem.memory import mesa
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
 from tmem.mixers.base import (FORGET_OF_WEIGHTS, GATE_ACTIVATIONS, Cell, Mixer, MixerConfig, MixerState, Recipe, Run,
-                              at_positions, check_knobs, mask_heads, recommended, run_field)
+                              at_positions, check_knobs, mask_heads, recommended, resumable, run_field)
 
 FORMS = ("auto", "parallel", "chunked", "recurrent")
 # auto's switch: from this many tokens the chunked form, whose memory holds one H per chunk; below it the parallel
@@ -36,7 +36,8 @@ FORMS = ("auto", "parallel", "chunked", "recurrent")
 CHUNKED_FROM = 512
 # ... unless a head's keys are this narrow or narrower: then H_t (d_k^2 floats a token) costs no more memory than
 # the chunked form's scores, and the parallel form stays the quicker at any length (BENCHMARKS.md, "Long sequences":
-# at d_k = 16, 8,192 tokens, 1.06 times the chunked form's peak in half its step; at d_k = 32, 1.5 times and slower)
+# at d_k = 16, 8,192 tokens, 1.06 times the chunked form's peak in half its step; at d_k = 32, 1.5 times, and
+# slower from 2,048 tokens)
 PARALLEL_KEY_WIDTH = 16
 FORGETS = ("gate", "fixed", "none")
 WRITE_STRENGTHS = ("sigmoid", "one")
@@ -58,10 +59,11 @@ class MesaConfig(MixerConfig):
     heads: int = 4
     run: MesaRun = run_field(MesaRun)
     solver: str = "cg"  # the parallel form's: cg (MesaNet's, `steps` iterations) | cholesky (exact)
-    # null: d_k (the head's key width), at most MesaNet's 30 (fla's max_cg_step_training). CG solves d_k unknowns
-    # in d_k steps in exact arithmetic; the steps after that only chase float32's rounding (against the exact
-    # solve at d_k = 16, 32 and 64 with every gate open, outputs and gradients agree to 1.6e-6 at d_k steps as at 30)
-    cg_steps: int | None = None
+    # null: d_k (the head's key width), at most MesaNet's 30 (fla's max_cg_step_training), made concrete by `fit`.
+    # CG solves d_k unknowns in d_k steps in exact arithmetic; the steps after that only chase float32's rounding
+    # (against the exact solve at d_k = 16, 32 and 64 with every gate open, outputs and gradients agree to 1.6e-6 at
+    # d_k steps as at 30). Resumable: the same function, so a run saved at MesaNet's 30 resumes at today's default
+    cg_steps: int | None = resumable(None)
     short_conv: int = 4  # kernel of the causal convolution (with SiLU) on q and k; 0 for none
     lambda_floor: float = 0.25  # Lambda = softplus(p) + lambda_floor > lambda_floor: the system stays well posed
     lambda_init: float = 1.0
@@ -92,8 +94,9 @@ class MesaConfig(MixerConfig):
         return self.cg_steps or min(width // self.heads, MESANET_CG_STEPS)
 
     def fit(self, task, width: int) -> MesaConfig:
-        """auto's form for the task's length."""
-        return self if self.run.form != "auto" else self.with_run(form=training_form(self, task.seq_len, width))
+        """auto's form for the task's length and the key width, and the default CG steps for the key width."""
+        fitted = dataclasses.replace(self, cg_steps=self.steps(width))
+        return fitted if self.run.form != "auto" else fitted.with_run(form=training_form(self, task.seq_len, width))
 
     def state_size(self, width: int, seq_len: int) -> int:
         """H (d_k x d_k) and G (d_k x d_v) per head, and the convolutions' window on q and k."""
