@@ -30,10 +30,12 @@ def rel_err(a, b):
     return diff / norm if norm else diff
 
 
-def inputs(inner, *, momentum, decay, mini_batch, start, seed=0):
+def inputs(inner, *, momentum, decay, mini_batch, start, seed=0, initial=False):
+    """The memory's inputs; initial: from the initial model (`initial`, no state), else from a state."""
     ks = jax.random.split(jax.random.key(seed), 12)
     normal = lambda i, shape, s=1.0: s * jax.random.normal(ks[i], shape)  # noqa: E731
-    M0, U, A, S = gradient.initial_state(gradient.init_params(inner, H, D, HIDDEN, ks[9], 0.3), B, momentum)
+    params = gradient.init_params(inner, H, D, HIDDEN, ks[9], 0.3)
+    M0, U, A, S = gradient.initial_state(params, B, momentum)
     if start:  # a state cut inside a mini-batch: a change since M_0, a decay product, a momentum
         U = jax.tree.map(lambda x: normal(10, x.shape, 0.1), U)
         A = jnp.full((B, H), 0.7)
@@ -45,7 +47,8 @@ def inputs(inner, *, momentum, decay, mini_batch, start, seed=0):
                 log_a=jax.nn.log_sigmoid(normal(4, (B, T, H)) + 3) if decay else None,
                 log_eta=jax.nn.log_sigmoid(normal(5, (B, T, H))) if momentum else None,
                 tok=None if mini_batch is None else jnp.maximum(1 / jnp.arange(1, b + 1) + normal(6, (b,), 0.1), 0),
-                ln=(1 + normal(7, (H, D), 0.1), normal(8, (H, D), 0.1)), state=(M0, U, A, S))
+                ln=(1 + normal(7, (H, D), 0.1), normal(8, (H, D), 0.1)),
+                **(dict(initial=params) if initial else dict(state=(M0, U, A, S))))
 
 
 @partial(jax.jit, static_argnums=(0, 1), static_argnames=("mini_batch", "start"))
@@ -62,11 +65,16 @@ def value_and_grads(form, inner, x, **kw):
     return out, grads
 
 
-CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, start
-    "ttt-linear-cut": (("linear", True, True), False, False, 4, 3),
-    "mlp-momentum-decay-cut": (("mlp", True, True), True, True, 4, 7),  # 7 tokens read: 3 into the second
-    "bare-mlp-per-token": (("mlp", False, False), True, True, 1, 0),
-    "mlp-one-step-continued": (("mlp", True, True), True, False, None, 5),
+# a call of at most gradient.UNROLLED mini-batches runs each as its own code (the cuts at 4), a longer one scans
+# over the middle ones (the pairs: 7 mini-batches). From the initial model (no state), the first mini-batch reads
+# one model for the batch and no momentum
+CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, start, from the initial model
+    "ttt-linear-cut": (("linear", True, True), False, False, 4, 3, False),
+    "mlp-momentum-decay-cut": (("mlp", True, True), True, True, 4, 7, False),  # 7 tokens read: 3 into the second
+    "mlp-momentum-decay-initial": (("mlp", True, True), True, True, 4, 0, True),
+    "bare-mlp-pairs-initial": (("mlp", False, False), True, True, 2, 0, True),
+    "mlp-one-step-continued": (("mlp", True, True), True, False, None, 5, False),
+    "linear-one-step-initial": (("linear", True, True), True, True, None, 0, True),
 }
 
 
@@ -75,15 +83,16 @@ CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, st
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(case):
-    spec, momentum, decay, mini_batch, start = CASES[case]
+    spec, momentum, decay, mini_batch, start, initial = CASES[case]
     inner = gradient.Inner(*spec)
-    x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start)
+    x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start, initial=initial)
     (o_ref, S_ref), g_ref = value_and_grads(gradient.recurrent, inner, x, mini_batch=mini_batch, start=start)
     (o, S), g = value_and_grads(gradient.parallel, inner, x, mini_batch=mini_batch, start=start)
     assert rel_err(o, o_ref) <= 1e-5
     for a, b in zip(jax.tree.leaves(S), jax.tree.leaves(S_ref), strict=True):
         assert rel_err(a, b) <= 1e-5
-    if start % (mini_batch or T + start) == 0:  # a call that begins a mini-batch takes U = 0 and A = 1 as given
+    if not initial and start % (mini_batch or T + start) == 0:  # a call that begins a mini-batch takes U = 0 and
+        # A = 1 as given
         g, g_ref = ({**grads, "state": grads["state"][:1] + grads["state"][3:]} for grads in (g, g_ref))
     paths = jax.tree_util.tree_flatten_with_path(g_ref)[0]
     for (path, b), a in zip(paths, jax.tree.leaves(g), strict=True):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from tmem.memory.gradient import UNROLLED
+
 # products and differences: both operands' gradients; one broadcast (beta v, b_i - b_j) sums its gradient too
 PRODUCT, SCALED, DIFFERENCE = (1, 2), (1, 3), (1, 3)
 # a vector decay's scores through one reference, per element of q (C x d_k a chunk), forward and backward: the
@@ -258,8 +260,9 @@ def gradient_memory(BH: int, T: int, b: int | None, widths: list[int], bias: boo
                     decay_grad: bool, momentum: bool, once: bool = False) -> int:
     """tmem.memory.gradient.parallel for BH heads of T tokens, forward and backward, from the initial state, in
     mini-batches of b tokens (None: one of all T): each mini-batch's reads (`gradient_block`), and but for the last
-    its writes (`inner_write`). The first and last mini-batch are outside the scan over the others (once: count one
-    step of it, as XLA does).
+    its writes (`inner_write`); the first reads the initial model and no momentum. Up to gradient.UNROLLED
+    mini-batches each is its own code; beyond, the first and last are outside a scan over the others (once: count
+    one step of it, as XLA does).
 
     widths: the inner model's [d, d] (x W1 + b1) or [d, hidden, d] (GELU(x W1 + b1) W2 + b2); bias, norm (x +
     LN(g(x)), target v - k), tok (TTT's factor of the reading position), decay_grad (the memory decays by a rate
@@ -268,30 +271,31 @@ def gradient_memory(BH: int, T: int, b: int | None, widths: list[int], bias: boo
     b = b or T
     n = math.ceil(T / b)
     middle = max(n - 2, 0)
-    steps = min(middle, 1) if once else middle
+    steps = min(middle, 1) if once and n > UNROLLED else middle
     options = bias, norm, tok, decay_grad, momentum
     flops = steps * gradient_step(b, widths, *options)
     if n > 1:  # the first mini-batch, which closes; the gradients of the slices taken for each part added (q, k,
         # v and the rates)
-        flops += gradient_step(b, widths, *options) + 2 * T * (3 * widths[0] + 3)
-    flops += gradient_block(b, widths, *options)  # the last, whose state nothing reads
+        flops += gradient_step(b, widths, *options, first=True) + 2 * T * (3 * widths[0] + 3)
+    flops += gradient_block(b, widths, *options, first=n == 1)  # the last, whose state nothing reads
     weights = sum(a * c + c * bias for a, c in zip(widths, widths[1:]))
     return BH * (flops + weights)  # and the initial memory's gradient, summed over the batch
 
 
 def gradient_step(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
-                  momentum: bool) -> int:
+                  momentum: bool, first: bool = False) -> int:
     """One mini-batch of one head that closes, as each step of tmem.memory.gradient.parallel's scan: its reads and
-    its writes, forward and backward."""
-    return gradient_block(b, widths, bias, norm, tok, decay_grad, momentum) + inner_write(b, widths, bias, momentum)
+    its writes, forward and backward. first: the first from the initial model, which has no momentum yet."""
+    return (gradient_block(b, widths, bias, norm, tok, decay_grad, momentum, first)
+            + inner_write(b, widths, bias, momentum, carried=momentum and not first))
 
 
 def gradient_block(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
-                   momentum: bool) -> int:
+                   momentum: bool, first: bool = False) -> int:
     """One mini-batch of one head's reads, forward and backward: its coefficients, the keys' forward and deltas
-    at M_0, and the queries' reads (M_0 and, with momentum, the momentum S_0 side by side)."""
+    at M_0, and the queries' reads (M_0 and, with a momentum carried in, the momentum S_0 side by side)."""
     return (coefficients(b, tok, decay_grad, momentum) + inner_keys(b, widths, bias, norm)
-            + inner_read(b, widths, bias, norm, 1 + momentum, decay_grad or momentum))
+            + inner_read(b, widths, bias, norm, 1 + (momentum and not first), decay_grad or momentum))
 
 
 def coefficients(b: int, tok: bool, decay_grad: bool, momentum: bool) -> int:
@@ -342,12 +346,14 @@ def inner_read(b: int, widths: list[int], bias: bool, norm: bool, starts: int, t
     return flops + (elementwise(b * widths[-1], TTT_LN) + b * widths[-1] if norm else 0)
 
 
-def inner_write(b: int, widths: list[int], bias: bool, momentum: bool) -> int:
+def inner_write(b: int, widths: list[int], bias: bool, momentum: bool, carried: bool) -> int:
     """The state after a mini-batch that closes, forward and backward: M_0 <- A_b M_0 (+ tok m S_0) - sum_j K_bj
-    grad_j, each gradient sum X^T (w delta) per layer; with momentum S <- P_b S_0 - sum_j E_bj theta_j grad_j too."""
+    grad_j, each gradient sum X^T (w delta) per layer; with momentum S <- P_b S_0 - sum_j E_bj theta_j grad_j too.
+    carried: the momentum S_0 is carried in (not the first mini-batch's zero), its two terms 10 FLOPs a weight."""
     flops = 0
     for a, c in zip(widths, widths[1:]):
         weights = a * c + c * bias
         grads = matmul(a, b, c) + 10 * b * c + (matmul(1, b, c) if bias else 0)  # X^T (w delta), w . delta
         flops += (1 + momentum) * (grads + 8 * weights) + 2 * weights  # the combinations, and -grads
+        flops -= 10 * weights if momentum and not carried else 0
     return flops

@@ -27,10 +27,11 @@ its last token. With tok = 1, R_t = M_t. `mini_batch=None` is one mini-batch
 that never closes: one gradient step from the initial memory.
 
 `recurrent` is the definition: a token loop, gradients by autodiff. `parallel`
-is the training form: a scan over mini-batches in which no per-token weights
-are built. Every gradient of a linear layer is an outer product x_j delta_j^T
-(x_j the layer's input on the key's forward at M_0, delta_j its output's
-gradient), so with U_i = M_i - A_i M_0 a layer's read at token i is
+is the training form: mini-batch by mini-batch (a scan over them in a long
+call), no per-token weights built. Every gradient of a linear layer is an
+outer product x_j delta_j^T (x_j the layer's input on the key's forward at
+M_0, delta_j its output's gradient), so with U_i = M_i - A_i M_0 a layer's read
+at token i is
 
     z_i = x~_i (c0_i W_0 + c1_i U_0 + c2_i S_0) + (same for the bias) - sum_{j<=i} K_ij (x~_i . x_j + 1) delta_j,
 
@@ -43,7 +44,8 @@ The state between calls is (M_0, U, A, S): the open mini-batch's starting
 weights, the change since then (decayed), the decay product and the momentum,
 and `start` (a static count) says where in a mini-batch the call begins. A
 call that begins a mini-batch takes U = 0 and A = 1, as every state there has
-them, and neither reads them nor passes them a gradient.
+them, and neither reads them nor passes them a gradient. A call without a state
+starts from the `initial` model ([H, ...], the same for every example).
 Params of the inner model are a dict: W1, b1 (linear), and W2, b2 (MLP, GELU
 between); each [H, ...] once, [B, H, ...] in the state. Shapes: q, k, v
 [B, T, H, d]; theta, log_a, log_eta [B, T, H]; tok [mini_batch]; ln (scale,
@@ -61,6 +63,11 @@ import jax.numpy as jnp
 from tmem.memory.ttt import layer_norm
 
 FUNCTIONS = ("linear", "mlp")
+# a call of at most this many mini-batches runs each as its own code, a longer one scans over the middle ones:
+# XLA's CPU loop stacks and copies what each step saves for the backward pass, which on the default job's 4
+# mini-batches cost more time than 4 copies of the block, to run and to compile; at 8 the copies run faster
+# but compile half as long again (BENCHMARKS.md)
+UNROLLED = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,16 +146,18 @@ def _combine(c, trees):
     return out
 
 
-def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state,
-              mini_batch: int | None, start: int = 0):
+def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state=None,
+              initial: dict | None = None, mini_batch: int | None, start: int = 0):
     """The definition: token by token, each gradient by autodiff at its mini-batch's starting weights.
 
-    Returns o [B, T, H, d] and the final state (M_0, U, A, S).
+    state: the (M_0, U, A, S) to go on from; None: `initial`'s (`initial_state`). Returns o [B, T, H, d] and
+    the final state (M_0, U, A, S).
     """
     B, T, H, d = q.shape
     if mini_batch is None and tok is not None:
         raise ValueError("tok needs mini-batches: one endless mini-batch has no reading positions to weigh")
     momentum = log_eta is not None
+    state = initial_state(initial, B, momentum) if state is None else state
     b = mini_batch or start + T  # None: one mini-batch that never closes
     place = (start + jnp.arange(T)) % b
     closes = (place == b - 1) & (mini_batch is not None)
@@ -225,7 +234,7 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
     starts = [(M0, (cf["A"] if fresh else A0 * cf["A"]))]
     if not fresh:
         starts.append((U0, cf["tokA"]))
-    if S0 is not None:
+    if S0 is not None:  # None: no momentum, or none yet (the initial state's)
         starts.append((S0, cf["tokm"]))
     h = q
     for layer in range(1, L + 1):
@@ -252,23 +261,26 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
         return out
 
     neg = lambda tree: jax.tree.map(jnp.negative, tree)  # noqa: E731
-    S = None if S0 is None else _combine((cf["P_end"], -1.0), (S0, grads(cf["Etheta_end"])))
+    S = None if log_eta is None else _combine((cf["P_end"], -1.0), (S0, grads(cf["Etheta_end"])))
     U0_or_none = None if fresh else U0
     if close:
         R = _combine(((cf["A"] if fresh else A0 * cf["A"])[-1], cf["tokA"][-1],
                       None if S0 is None else cf["tokm"][-1], 1.0), (M0, U0_or_none, S0, neg(grads(cf["K"][-1]))))
-        return (R, jax.tree.map(jnp.zeros_like, U0), jnp.ones_like(A0), S), o
+        return (R, jax.tree.map(jnp.zeros_like, R), jnp.ones(()), S), o
     U = _combine((cf["A"][-1], None if S0 is None else cf["m_end"], 1.0), (U0_or_none, S0, neg(grads(cf["C_end"]))))
-    return (M0, U, A0 * cf["A"][-1], S), o
+    return (M0, U, (1.0 if fresh else A0) * cf["A"][-1], S), o
 
 
-def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state,
-             mini_batch: int | None, start: int = 0):
-    """The training form, equal to `recurrent`: a scan over mini-batches, no per-token weights built."""
+def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state=None,
+             initial: dict | None = None, mini_batch: int | None, start: int = 0):
+    """The training form, equal to `recurrent`: mini-batch by mini-batch, no per-token weights built.
+
+    From `initial` (state None) the first mini-batch reads the one initial model of every example (one matmul
+    for the batch, its gradient summed in it) and no momentum, which is zero there."""
     B, T, H, d = q.shape
     b = mini_batch or T
     # a call that begins a mini-batch begins it fresh: after a close, or from the initial state, U = 0 and A = 1
-    fresh = start == 0 or (mini_batch is not None and start % mini_batch == 0)
+    fresh = state is None or start == 0 or (mini_batch is not None and start % mini_batch == 0)
     # where in its mini-batch the call begins (one endless mini-batch: the carried U, A hold what came before)
     start = start % mini_batch if mini_batch else 0
     n = -(-(start + T) // b)
@@ -288,22 +300,26 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
     def head_block(carry, x, ln_h, close, fresh):
         return _block(inner, carry, (*x, tok), ln_h, close, fresh)
 
-    def step(close, fresh):
+    def step(close, fresh, shared=False):  # shared: the carry is the initial model's, one for the batch
         x_axes = (0,) * 7  # q, k, v, theta, log_a, log_eta, live
         heads = jax.vmap(partial(head_block, close=close, fresh=fresh), in_axes=((0, 0, 0, 0), x_axes, 0))
-        return jax.vmap(heads, in_axes=((0, 0, 0, 0), x_axes, None))
+        return jax.vmap(heads, in_axes=((None if shared else 0, 0, 0, 0), x_axes, None))
 
-    carry, outs = tuple(state), []
+    carry, outs = ((initial, None, None, None) if state is None else tuple(state)), []
     block = lambda i: jax.tree.map(lambda x: x[i], xs)  # noqa: E731
     whole = mini_batch is not None and (start + T) % b == 0  # the last mini-batch is whole: it closes
-    if n > 1:  # the first block closes; every later one starts fresh
-        carry, o = step(True, fresh)(carry, block(0), ln)
+    # every block but the last closes, and every block after the first starts fresh
+    if n <= UNROLLED:  # each block its own code
+        for i in range(n - 1):
+            carry, o = step(True, fresh or i > 0, state is None and i == 0)(carry, block(i), ln)
+            outs.append(o[None])
+    else:  # the first block, then a scan over all but the last
+        carry, o = step(True, fresh, state is None)(carry, block(0), ln)
         outs.append(o[None])
-    if n > 2:
         body = step(True, True)
         carry, o = jax.lax.scan(lambda c, x: body(c, x, ln), carry, jax.tree.map(lambda x: x[1:-1], xs))
         outs.append(o)
-    carry, o = step(whole, fresh or n > 1)(carry, block(-1), ln)
+    carry, o = step(whole, fresh or n > 1, state is None and n == 1)(carry, block(-1), ln)
     outs.append(o[None])
     o = jnp.concatenate(outs, axis=0)  # [n, B, H, b, d]
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, n * b, H, d)[:, start:start + T]

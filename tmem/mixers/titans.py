@@ -47,7 +47,7 @@ FORGET_BIAS = -5.0  # alpha starts near 0.007: the memory starts nearly without 
 
 @dataclasses.dataclass(frozen=True)
 class TitansRun(Run):
-    form: str = "parallel"  # parallel (training: a scan over mini-batches) | recurrent (the definition)
+    form: str = "parallel"  # parallel (training: mini-batch by mini-batch) | recurrent (the definition)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,10 +215,10 @@ class Titans(Mixer):
         self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the unit keys the memory is trained on
         v = v.reshape(B, T, H, self.d)
         theta, log_a, log_eta = self.rates(x_btd)
-        memory = (gradient.initial_state(self.initial_memory(), B, cfg.momentum) if state is None else state.memory)
         ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
         form = gradient.parallel if cfg.run.form == "parallel" else gradient.recurrent
-        o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln, state=memory,
+        o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln,
+                         state=None if state is None else state.memory, initial=self.initial_memory(),
                          mini_batch=cfg.mini_batch, start=start)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         o = mask_heads(self.norm(at_positions(o, read_at)), head_mask)

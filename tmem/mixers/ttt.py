@@ -173,9 +173,7 @@ class TTT(Mixer):
         return jnp.maximum(1.0 / jnp.arange(1, self.cfg.mini_batch + 1) + self.token_offset[...], 0.0)
 
     def initial_state(self, B: int):
-        if self.cfg.inner == "mlp":
-            return gradient.initial_state({name: getattr(self, name)[...] for name in ("W1", "b1", "W2", "b2")}, B,
-                                          momentum=False)
+        """TTT-Linear's (W, b, dW, db) from the initial weights (TTT-MLP's memory makes its own)."""
         H, d = self.cfg.heads, self.d
         W = jnp.broadcast_to(self.W0[...][None], (B, H, d, d))
         b = jnp.broadcast_to(self.b0[...][None], (B, H, d))
@@ -200,15 +198,17 @@ class TTT(Mixer):
         self.sow(nnx.Intermediate, "keys", k, capture_noop=True)  # the inner model's training inputs
         lr = cfg.base_lr * jax.nn.sigmoid(x_btd @ self.lr_kernel[...] + self.lr_bias[...][None, None]) / self.d
         token_lr = self.token_lr()
-        memory = self.initial_state(B) if state is None else state.memory
+        memory = None if state is None else state.memory
         ln = self.ttt_scale[...], self.ttt_bias[...]
         if cfg.inner == "linear":
             form = ttt.dual if cfg.run.form == "dual" else ttt.recurrent
-            o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=ln[0], ln_bias=ln[1], state=memory,
+            o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=ln[0], ln_bias=ln[1],
+                             state=self.initial_state(B) if memory is None else memory,
                              mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
         else:
             form = gradient.parallel if cfg.run.form == "dual" else gradient.recurrent
-            o, memory = form(q, k, v, inner=self.mlp, theta=lr, tok=token_lr, ln=ln, state=memory,
+            initial = {name: getattr(self, name)[...] for name in ("W1", "b1", "W2", "b2")}
+            o, memory = form(q, k, v, inner=self.mlp, theta=lr, tok=token_lr, ln=ln, state=memory, initial=initial,
                              mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
         o = mask_heads(at_positions(o, read_at), head_mask).reshape(B, -1, D)
