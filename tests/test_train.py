@@ -14,7 +14,8 @@ from tmem.config import validate
 from tmem.model import build_model
 from tmem.train.build import build
 from tmem.train.checkpoint import CheckpointError, Checkpoints
-from tmem.train.loop import TrainingDiverged, run
+from tmem.train.loop import CPU_LLVM_LEVEL, TrainingDiverged, compiler_options, run
+from tmem.train.mesh import data_mesh
 from tmem.train.optim import build_optimizer
 from tmem.train.restore import load_run
 from tmem.train.step import init_state, make_eval, make_gradients, make_loss, make_train_step
@@ -112,6 +113,14 @@ def test_a_finite_divergence_stops_and_keeps_the_last_good_checkpoint(tiny_cfg, 
     assert Checkpoints(tmp_path / "checkpoints").steps() == [10]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "diverged" and np.isfinite(summary["eval/loss"]) and summary["eval/loss"] > 34.66
+
+
+def test_a_cpu_run_compiles_at_its_own_llvm_level_unless_xla_flags_set_one(monkeypatch):
+    """train.py's programs take CPU_LLVM_LEVEL on a CPU; a level in XLA_FLAGS (the suite's own 0) is left to win."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert compiler_options(data_mesh()) == {"xla_backend_optimization_level": CPU_LLVM_LEVEL}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    assert compiler_options(data_mesh()) is None
 
 
 def test_chance_is_the_loss_of_zero_outputs(tiny_cfg):
