@@ -31,7 +31,7 @@ from tmem.train.tracking import Tracker, group_and_config
 
 PROGRESS_KEYS = ("wall_seconds", "target_step", "target_seconds")
 # LLVM's optimisation level for the run's programs on a CPU, against XLA's default 3: at 1 every row's default
-# step measured the same or up to 9% shorter and compiled 10 to 25% sooner (BENCHMARKS.md, "LLVM at -O1")
+# step measured the same or up to 9% shorter and compiled 7 to 26% sooner (BENCHMARKS.md, "LLVM at -O1 on a CPU")
 CPU_LLVM_LEVEL = 1
 FIX = "Fix: lower optim.lr, raise optim.warmup_steps or set optim.clip_norm."
 log = logging.getLogger(__name__)  # the console and, under Hydra, the run's train.log
