@@ -192,14 +192,15 @@ def test_xla_counts_the_scan_over_chunks_once():
 # the gradient memory's over all but the first and last of more than gradient.UNROLLED (6 of 8 at T = 128). In
 # each of the 2 layers, for 64 examples x 4 heads of d = 16 (TTT-MLP's hidden 64; Titans' two heads of 32,
 # hidden 128), what the unrolled count has more than XLA's is the rest of each loop's steps: mesa's at the 64
-# positions of the first layer and the 4 reads of the last. The default job but for the row's own overrides.
+# positions of the first layer and the 4 reads of the last, the gradient memory's reading every token in the
+# first layer and the 4 positions in the last. The default job but for the row's own overrides.
 LOOP_BODIES = {
     "mesa": ((), lambda: 2 * 15 * 64 * 4 * (64 + 4) * (cg_step(16) + 2 * 16)),  # each solve's 16 steps both ways
     "ttt_linear": ((), lambda: 2 * 2 * ttt_step(64 * 4, 16, 16)),
-    "ttt_mlp": (("task.seq_len=128",),
-                lambda: 2 * 64 * 4 * 5 * gradient_step(16, [16, 64, 16], True, True, True, False, False)),
-    "titans": (("task.seq_len=128",),
-               lambda: 2 * 64 * 2 * 5 * gradient_step(16, [32, 128, 32], True, True, False, True, True)),
+    "ttt_mlp": (("task.seq_len=128",), lambda: 64 * 4 * 5 * sum(
+        gradient_step(16, [16, 64, 16], True, True, True, False, False, queries=Q) for Q in (None, 4))),
+    "titans": (("task.seq_len=128",), lambda: 64 * 2 * 5 * sum(
+        gradient_step(16, [32, 128, 32], True, True, False, True, True, queries=Q) for Q in (None, 4))),
 }
 
 

@@ -99,6 +99,45 @@ def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(cas
         assert rel_err(a, b) <= 1e-5, jax.tree_util.keystr(path)
 
 
+# positions unsorted and repeated, the first and last among them: for T = 13 in mini-batches of 4 from a cut at 3,
+# reads in every block; in pairs, in five of seven
+READ_AT = jnp.array([[12, 0, 5, 5], [3, 9, 12, 1]])
+
+
+@pytest.mark.slow  # 2 to 4 s each
+@pytest.mark.parametrize("case", ["mlp-momentum-decay-cut", "mlp-momentum-decay-initial", "bare-mlp-pairs-initial"])
+def test_reading_at_positions_is_the_parallel_forms_reads_there_state_and_gradients(case):
+    """read_at makes each block read the given queries only (the last layer's, where the loss reads): the
+    outputs there, the state and every gradient are the whole form's (itself tested against the definition)."""
+    spec, momentum, decay, mini_batch, start, initial = CASES[case]
+    inner = gradient.Inner(*spec)
+    x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start, initial=initial)
+
+    def at_positions(form, **kw):
+        def read(**x):
+            o, S = form(**x, **kw)
+            return (o if "read_at" in kw else jnp.take_along_axis(o, READ_AT[:, :, None, None], axis=1)), S
+        return read
+
+    def value_and_grads(form):
+        do = jax.random.normal(jax.random.key(7), (B, READ_AT.shape[1], H, D))
+
+        def loss(x):
+            with jax.default_matmul_precision("highest"):
+                o, S = form(inner=inner, **x)
+            return jnp.sum(o * do) + sum(jnp.sum(jnp.sin(s)) for s in jax.tree.leaves(S)), (o, S)
+
+        grads, out = jax.jit(jax.grad(loss, has_aux=True))(x)
+        return out, grads
+
+    kw = dict(mini_batch=mini_batch, start=start)
+    (o_ref, S_ref), g_ref = value_and_grads(at_positions(gradient.parallel, **kw))
+    (o, S), g = value_and_grads(at_positions(gradient.parallel, read_at=READ_AT, **kw))
+    assert o.shape == o_ref.shape and rel_err(o, o_ref) <= 1e-5
+    for a, b in zip(jax.tree.leaves((S, g)), jax.tree.leaves((S_ref, g_ref)), strict=True):
+        assert rel_err(a, b) <= 1e-5
+
+
 @pytest.mark.slow  # 4 s; tests/test_ttt.py checks TTT-Linear's dual form against its definition in the quick subset
 def test_a_linear_memory_with_ttts_settings_is_ttt_linears_own_dual_form():
     inner = gradient.Inner("linear", bias=True, norm=True)

@@ -20,8 +20,10 @@ def test_outputs_do_not_depend_on_later_inputs(model_and_tokens, overrides):
     assert not np.allclose(a[:, t + 1:], b[:, t + 1:])  # the check itself can fail
 
 
-def test_positions_read_out_the_same_logits(model_and_tokens):
-    _, model, tokens = model_and_tokens()
+# the gradient memory's training form reads the last layer only at the positions (tmem.memory.gradient.parallel)
+@pytest.mark.parametrize("overrides", [(), ("mixer=titans",), ("mixer=ttt_mlp",)])
+def test_positions_read_out_the_same_logits(model_and_tokens, overrides):
+    _, model, tokens = model_and_tokens(*overrides)
     positions = jnp.array([[0, 5], [3, 15], [9, 9]])
     full = model(tokens)
     picked = model(tokens, positions=positions)

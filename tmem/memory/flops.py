@@ -257,7 +257,7 @@ INNER_LOSS_GRAD, GELU, GELU_AND_DERIVATIVE = (20, 42), (8, 15), (23, 54)
 
 
 def gradient_memory(BH: int, T: int, b: int | None, widths: list[int], bias: bool, norm: bool, tok: bool,
-                    decay_grad: bool, momentum: bool, once: bool = False) -> int:
+                    decay_grad: bool, momentum: bool, once: bool = False, reads: int | None = None) -> int:
     """tmem.memory.gradient.parallel for BH heads of T tokens, forward and backward, from the initial state, in
     mini-batches of b tokens (None: one of all T): each mini-batch's reads (`gradient_block`), and but for the last
     its writes (`inner_write`); the first reads the initial model and no momentum. Up to gradient.UNROLLED
@@ -267,35 +267,40 @@ def gradient_memory(BH: int, T: int, b: int | None, widths: list[int], bias: boo
     widths: the inner model's [d, d] (x W1 + b1) or [d, hidden, d] (GELU(x W1 + b1) W2 + b2); bias, norm (x +
     LN(g(x)), target v - k), tok (TTT's factor of the reading position), decay_grad (the memory decays by a rate
     from the token; a fixed decay, or none, still has its factors made) and momentum: as tmem.memory.gradient.
+    reads: the positions read (read_at's Q), which every mini-batch reads in place of its own b queries, each
+    kept where it is its own (a select) and summed over the n mini-batches, the queries' gradient summed back.
     """
     b = b or T
     n = math.ceil(T / b)
     middle = max(n - 2, 0)
     steps = min(middle, 1) if once and n > UNROLLED else middle
     options = bias, norm, tok, decay_grad, momentum
-    flops = steps * gradient_step(b, widths, *options)
+    flops = steps * gradient_step(b, widths, *options, queries=reads)
     if n > 1:  # the first mini-batch, which closes; the gradients of the slices taken for each part added (q, k,
         # v and the rates)
-        flops += gradient_step(b, widths, *options, first=True) + 2 * T * (3 * widths[0] + 3)
-    flops += gradient_block(b, widths, *options, first=n == 1)  # the last, whose state nothing reads
+        flops += gradient_step(b, widths, *options, first=True, queries=reads) + 2 * T * (3 * widths[0] + 3)
+    flops += gradient_block(b, widths, *options, first=n == 1, queries=reads)  # the last: its state is not read
+    if reads is not None:
+        flops += n * reads * widths[-1] * 4  # the select and the sum over mini-batches, and their gradients
     weights = sum(a * c + c * bias for a, c in zip(widths, widths[1:]))
     return BH * (flops + weights)  # and the initial memory's gradient, summed over the batch
 
 
 def gradient_step(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
-                  momentum: bool, first: bool = False) -> int:
+                  momentum: bool, first: bool = False, queries: int | None = None) -> int:
     """One mini-batch of one head that closes, as each step of tmem.memory.gradient.parallel's scan: its reads and
     its writes, forward and backward. first: the first from the initial model, which has no momentum yet."""
-    return (gradient_block(b, widths, bias, norm, tok, decay_grad, momentum, first)
+    return (gradient_block(b, widths, bias, norm, tok, decay_grad, momentum, first, queries)
             + inner_write(b, widths, bias, momentum, carried=momentum and not first))
 
 
 def gradient_block(b: int, widths: list[int], bias: bool, norm: bool, tok: bool, decay_grad: bool,
-                   momentum: bool, first: bool = False) -> int:
+                   momentum: bool, first: bool = False, queries: int | None = None) -> int:
     """One mini-batch of one head's reads, forward and backward: its coefficients, the keys' forward and deltas
-    at M_0, and the queries' reads (M_0 and, with a momentum carried in, the momentum S_0 side by side)."""
+    at M_0, and the queries' reads (M_0 and, with a momentum carried in, the momentum S_0 side by side; at
+    `queries` read positions instead of its b tokens)."""
     return (coefficients(b, tok, decay_grad, momentum) + inner_keys(b, widths, bias, norm)
-            + inner_read(b, widths, bias, norm, 1 + (momentum and not first), decay_grad or momentum))
+            + inner_read(b, widths, bias, norm, 1 + (momentum and not first), decay_grad or momentum, queries))
 
 
 def coefficients(b: int, tok: bool, decay_grad: bool, momentum: bool) -> int:
@@ -328,22 +333,24 @@ def inner_keys(b: int, widths: list[int], bias: bool, norm: bool) -> int:
     return flops + (elementwise(b * D, INNER_LOSS_GRAD) if norm else 0) + 16 * b * D
 
 
-def inner_read(b: int, widths: list[int], bias: bool, norm: bool, starts: int, trained: bool) -> int:
-    """One mini-batch's reads at its b queries, forward and backward: per layer, the input times the `starts`
-    matrices side by side (M_0, and the momentum S_0), scaled per token (by coefficients that train if there is
-    a decay or momentum) and summed, minus the scores K (x x_j + 1) times the deltas, the biases the same way,
-    GELU between; then q + LN(.) (norm)."""
+def inner_read(b: int, widths: list[int], bias: bool, norm: bool, starts: int, trained: bool,
+               queries: int | None = None) -> int:
+    """One mini-batch's reads at its b queries (or at `queries` read positions), forward and backward: per
+    layer, the input times the `starts` matrices side by side (M_0, and the momentum S_0), scaled per token (by
+    coefficients that train if there is a decay or momentum) and summed, minus the scores K (x x_j + 1) times the
+    deltas, the biases the same way, GELU between; then q + LN(.) (norm)."""
+    r = b if queries is None else queries
     flops = 0
     for i, (a, c) in enumerate(zip(widths, widths[1:])):
-        flops += matmul(b, a, c * starts) + matmul(b, a, b) + matmul(b, b, c)
+        flops += matmul(r, a, c * starts) + matmul(r, a, b) + matmul(r, b, c)
         # sum_i c_i y_i (backward, y_i's gradients, and c_i's summed); the gradients of h added
-        flops += b * c * (3 * starts + (3 * starts if trained else 0))
-        flops += 6 * b * b + 2 * b * c  # the scores' + 1 and product, both gradients; the subtraction, negated
+        flops += r * c * (3 * starts + (3 * starts if trained else 0))
+        flops += 6 * r * b + 2 * r * c  # the scores' + 1 and product, both gradients; the subtraction, negated
         if bias:  # + sum_i c_i bias_i, and the gradients
-            flops += b * c * (4 * starts - 1)
+            flops += r * c * (4 * starts - 1)
         if i < len(widths) - 2:
-            flops += elementwise(b * c, GELU)
-    return flops + (elementwise(b * widths[-1], TTT_LN) + b * widths[-1] if norm else 0)
+            flops += elementwise(r * c, GELU)
+    return flops + (elementwise(r * widths[-1], TTT_LN) + r * widths[-1] if norm else 0)
 
 
 def inner_write(b: int, widths: list[int], bias: bool, momentum: bool, carried: bool) -> int:

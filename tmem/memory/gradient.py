@@ -219,10 +219,15 @@ def _coefficients(theta, log_a, log_eta, live, tok):
 
 def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
     """One mini-batch of one head: its reads, and the state after it (closed or not). fresh: the block starts a
-    mini-batch (U_0 = 0, A_0 = 1, as after every close), so the terms of U_0 are left out."""
+    mini-batch (U_0 = 0, A_0 = 1, as after every close), so the terms of U_0 are left out.
+
+    Its reads are its own b queries in order, or (`rows` [Q], the places in the block of Q queries q [Q, d],
+    `here` [Q] whether each is in this block) the reads of those queries as if each were at its place here,
+    zero where it is not."""
     M0, U0, A0, S0 = carry
-    q, k, v, theta, log_a, log_eta, live, tok = x
+    q, k, v, theta, log_a, log_eta, live, rows, here, tok = x
     cf = _coefficients(theta, log_a, log_eta, live, tok)
+    at = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731  each read's row of a coefficient
     L = inner.layers
     # the keys' forward at M_0, and each layer's output gradient delta_j (per token: the loss is a sum of rows)
     shapes = [(k.shape[0], M0[f"W{layer}"].shape[-1]) for layer in range(1, L + 1)]
@@ -231,11 +236,11 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
     _, xs = model(inner, M0, k, ln)
     # the starting matrices a read multiplies, and their coefficients per token: M_0 (A_0 A_i), U_0 (tok_i A_i)
     # unless fresh, S_0 (tok_i m_i) with momentum
-    starts = [(M0, (cf["A"] if fresh else A0 * cf["A"]))]
+    starts = [(M0, at(cf["A"] if fresh else A0 * cf["A"]))]
     if not fresh:
-        starts.append((U0, cf["tokA"]))
+        starts.append((U0, at(cf["tokA"])))
     if S0 is not None:  # None: no momentum, or none yet (the initial state's)
-        starts.append((S0, cf["tokm"]))
+        starts.append((S0, at(cf["tokm"])))
     h = q
     for layer in range(1, L + 1):
         W, bias = f"W{layer}", f"b{layer}"
@@ -244,12 +249,14 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
         # one matmul over the starting matrices side by side, then each block of columns scaled per token
         y = h @ jnp.concatenate([tree[W] for tree, _ in starts], axis=-1)
         z = sum(c[:, None] * y[:, i * n_out:(i + 1) * n_out] for i, (_, c) in enumerate(starts))
-        scores = cf["K"] * (h @ X.T + (1.0 if inner.bias else 0.0))
+        scores = at(cf["K"]) * (h @ X.T + (1.0 if inner.bias else 0.0))
         z = z - scores @ delta
         if inner.bias:
             z = z + sum(c[:, None] * tree[bias][None] for tree, c in starts)
         h = jax.nn.gelu(z, approximate=True) if layer < L else z
     o = read(inner, q, _layer_norm(h, ln) if inner.norm else h)
+    if here is not None:
+        o = jnp.where(here[:, None], o, 0.0)
 
     def grads(w):  # sum_j w_j grad_j, as a params dict
         out = {}
@@ -272,11 +279,12 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
 
 
 def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state=None,
-             initial: dict | None = None, mini_batch: int | None, start: int = 0):
+             initial: dict | None = None, mini_batch: int | None, start: int = 0, read_at=None):
     """The training form, equal to `recurrent`: mini-batch by mini-batch, no per-token weights built.
 
     From `initial` (state None) the first mini-batch reads the one initial model of every example (one matmul
-    for the batch, its gradient summed in it) and no momentum, which is zero there."""
+    for the batch, its gradient summed in it) and no momentum, which is zero there. read_at [B, Q]: o only at
+    those positions, [B, Q, H, d], each block reading the Q queries (a read is a third of a block's work)."""
     B, T, H, d = q.shape
     b = mini_batch or T
     # a call that begins a mini-batch begins it fresh: after a close, or from the initial state, U = 0 and A = 1
@@ -296,14 +304,21 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
         return jnp.moveaxis(x.reshape(B, n, b, H, *x.shape[3:]), (1, 3), (0, 2))
 
     xs = tuple(None if x is None else blocks(x) for x in (q, k, v, theta, log_a, log_eta, live))
+    if read_at is None:
+        xs = (*xs, None, None)
+    else:  # every block gets the Q queries [n, B, H, Q, d], their places [n, B, Q] and whether each is its own
+        place = read_at + start  # in the padded sequence
+        q_read = jnp.moveaxis(jnp.take_along_axis(q, read_at[:, :, None, None], axis=1), 1, 2)
+        own = (place // b)[None] == jnp.arange(n)[:, None, None]
+        xs = (jnp.broadcast_to(q_read, (n, *q_read.shape)), *xs[1:], jnp.broadcast_to(place % b, own.shape), own)
 
     def head_block(carry, x, ln_h, close, fresh):
         return _block(inner, carry, (*x, tok), ln_h, close, fresh)
 
     def step(close, fresh, shared=False):  # shared: the carry is the initial model's, one for the batch
-        x_axes = (0,) * 7  # q, k, v, theta, log_a, log_eta, live
+        x_axes = (0,) * 7 + (None, None)  # q, k, v, theta, log_a, log_eta, live; rows and here, every head's
         heads = jax.vmap(partial(head_block, close=close, fresh=fresh), in_axes=((0, 0, 0, 0), x_axes, 0))
-        return jax.vmap(heads, in_axes=((None if shared else 0, 0, 0, 0), x_axes, None))
+        return jax.vmap(heads, in_axes=((None if shared else 0, 0, 0, 0), (0,) * 9, None))
 
     carry, outs = ((initial, None, None, None) if state is None else tuple(state)), []
     block = lambda i: jax.tree.map(lambda x: x[i], xs)  # noqa: E731
@@ -321,6 +336,8 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
         outs.append(o)
     carry, o = step(whole, fresh or n > 1, state is None and n == 1)(carry, block(-1), ln)
     outs.append(o[None])
-    o = jnp.concatenate(outs, axis=0)  # [n, B, H, b, d]
+    o = jnp.concatenate(outs, axis=0)  # [n, B, H, b or Q, d]
+    if read_at is not None:  # each read is its own block's, zero in every other
+        return jnp.moveaxis(o.sum(0), 1, 2), carry
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(B, n * b, H, d)[:, start:start + T]
     return o, carry

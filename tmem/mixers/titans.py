@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -134,7 +135,7 @@ class TitansConfig(MixerConfig):
         parts["norms"] += count.norm("rmsnorm", R * D)
         widths = [d, c.expansion * d, d] if c.function == "mlp" else [d, d]
         parts["mixer/memory"] += count.gradient_memory(B * H, T, c.mini_batch, widths, c.bias, c.inner_norm, tok=False,
-                                                 decay_grad=c.forget == "gate", momentum=c.momentum, once=once)
+                                                 decay_grad=c.forget == "gate", momentum=c.momentum, once=once, reads=Q)
         return parts
 
 
@@ -216,10 +217,11 @@ class Titans(Mixer):
         v = v.reshape(B, T, H, self.d)
         theta, log_a, log_eta = self.rates(x_btd)
         ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
-        form = gradient.parallel if cfg.run.form == "parallel" else gradient.recurrent
+        # the parallel form reads only at read_at; the definition reads everywhere and is taken there
+        form = partial(gradient.parallel, read_at=read_at) if cfg.run.form == "parallel" else gradient.recurrent
         o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln,
                          state=None if state is None else state.memory, initial=self.initial_memory(),
                          mini_batch=cfg.mini_batch, start=start)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
-        o = mask_heads(self.norm(at_positions(o, read_at)), head_mask)
+        o = mask_heads(self.norm(o if cfg.run.form == "parallel" else at_positions(o, read_at)), head_mask)
         return self.out(o.reshape(B, -1, D)), GradientState(memory, tail, length=start + T)
