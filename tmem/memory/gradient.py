@@ -147,11 +147,11 @@ def _combine(c, trees):
 
 
 def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state=None,
-              initial: dict | None = None, mini_batch: int | None, start: int = 0):
+              initial: dict | None = None, mini_batch: int | None, start: int = 0, read_at=None):
     """The definition: token by token, each gradient by autodiff at its mini-batch's starting weights.
 
-    state: the (M_0, U, A, S) to go on from; None: `initial`'s (`initial_state`). Returns o [B, T, H, d] and
-    the final state (M_0, U, A, S).
+    state: the (M_0, U, A, S) to go on from; None: `initial`'s (`initial_state`). Returns o [B, T, H, d] (at
+    read_at [B, Q]: [B, Q, H, d], read everywhere and taken there) and the final state (M_0, U, A, S).
     """
     B, T, H, d = q.shape
     if mini_batch is None and tok is not None:
@@ -191,7 +191,8 @@ def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=Non
     time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
     xs = (*map(time_major, (q, k, v, theta, log_a, log_eta)), tok_t, closes)
     final, o = jax.lax.scan(lambda c, x: batch(c, x, ln), tuple(state), xs)
-    return time_major(o), final
+    o = time_major(o)
+    return (o if read_at is None else jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)), final
 
 
 def _coefficients(theta, log_a, log_eta, live, tok):
@@ -303,14 +304,14 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
         x = jnp.pad(x, [(0, 0), pad] + [(0, 0)] * (x.ndim - 2))
         return jnp.moveaxis(x.reshape(B, n, b, H, *x.shape[3:]), (1, 3), (0, 2))
 
-    xs = tuple(None if x is None else blocks(x) for x in (q, k, v, theta, log_a, log_eta, live))
+    xs = tuple(None if x is None else blocks(x) for x in (k, v, theta, log_a, log_eta, live))
     if read_at is None:
-        xs = (*xs, None, None)
+        xs = (blocks(q), *xs, None, None)
     else:  # every block gets the Q queries [n, B, H, Q, d], their places [n, B, Q] and whether each is its own
         place = read_at + start  # in the padded sequence
         q_read = jnp.moveaxis(jnp.take_along_axis(q, read_at[:, :, None, None], axis=1), 1, 2)
         own = (place // b)[None] == jnp.arange(n)[:, None, None]
-        xs = (jnp.broadcast_to(q_read, (n, *q_read.shape)), *xs[1:], jnp.broadcast_to(place % b, own.shape), own)
+        xs = (jnp.broadcast_to(q_read, (n, *q_read.shape)), *xs, jnp.broadcast_to(place % b, own.shape), own)
 
     def head_block(carry, x, ln_h, close, fresh):
         return _block(inner, carry, (*x, tok), ln_h, close, fresh)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ from tmem.memory import gradient
 from tmem.memory.linear_state import retnet_log_decay
 from tmem.mixers import flops as count
 from tmem.mixers.base import (FORGET_OF_WEIGHTS, Cell, Mixer, MixerConfig, MixerState, NoMatrix, Recipe, Run,
-                              at_positions, check_knobs, mask_heads, recommended, run_field)
+                              check_knobs, mask_heads, recommended, run_field)
 
 FORMS = ("parallel", "recurrent")
 FORGETS = ("none", "fixed", "gate")
@@ -217,11 +216,10 @@ class Titans(Mixer):
         v = v.reshape(B, T, H, self.d)
         theta, log_a, log_eta = self.rates(x_btd)
         ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
-        # the parallel form reads only at read_at; the definition reads everywhere and is taken there
-        form = partial(gradient.parallel, read_at=read_at) if cfg.run.form == "parallel" else gradient.recurrent
+        form = gradient.parallel if cfg.run.form == "parallel" else gradient.recurrent
         o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln,
                          state=None if state is None else state.memory, initial=self.initial_memory(),
-                         mini_batch=cfg.mini_batch, start=start)
+                         mini_batch=cfg.mini_batch, start=start, read_at=read_at)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
-        o = mask_heads(self.norm(o if cfg.run.form == "parallel" else at_positions(o, read_at)), head_mask)
+        o = mask_heads(self.norm(o), head_mask)
         return self.out(o.reshape(B, -1, D)), GradientState(memory, tail, length=start + T)

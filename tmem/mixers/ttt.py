@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -202,20 +201,18 @@ class TTT(Mixer):
         token_lr = self.token_lr()
         memory = None if state is None else state.memory
         ln = self.ttt_scale[...], self.ttt_bias[...]
-        unread = read_at  # where o is still to be taken at read_at
         if cfg.inner == "linear":
             form = ttt.dual if cfg.run.form == "dual" else ttt.recurrent
             o, memory = form(q, k, v, lr=lr, token_lr=token_lr, ln_scale=ln[0], ln_bias=ln[1],
                              state=self.initial_state(B) if memory is None else memory,
                              mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
-        else:
-            # the dual form reads only at read_at; the definition reads everywhere and is taken there
-            form = partial(gradient.parallel, read_at=read_at) if cfg.run.form == "dual" else gradient.recurrent
+            o = at_positions(o, read_at)
+        else:  # the gradient memory reads at read_at itself
+            form = gradient.parallel if cfg.run.form == "dual" else gradient.recurrent
             initial = {name: getattr(self, name)[...] for name in ("W1", "b1", "W2", "b2")}
             o, memory = form(q, k, v, inner=self.mlp, theta=lr, tok=token_lr, ln=ln, state=memory, initial=initial,
-                             mini_batch=cfg.mini_batch, start=start % cfg.mini_batch)
-            unread = None if cfg.run.form == "dual" else read_at
+                             mini_batch=cfg.mini_batch, start=start % cfg.mini_batch, read_at=read_at)
         self.sow(nnx.Intermediate, "state", memory, capture_noop=True)
-        o = mask_heads(at_positions(o, unread), head_mask).reshape(B, -1, D)
+        o = mask_heads(o, head_mask).reshape(B, -1, D)
         o = self.post_norm(o) * jax.nn.gelu(at_positions(self.gate(x_btd), read_at), approximate=True)
         return self.out(o), TTTState(tuple(memory), tail, length=start + T)
