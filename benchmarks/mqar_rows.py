@@ -16,7 +16,9 @@ The last table puts each row's step time, compile time and steps to 0.99
 beside its time to 0.99, so a change of ratio shows whether the step, the
 compile or the number of steps moved, and the rest: the time to 0.99 less
 its steps at the timed step and one compile, which is the held-out
-evaluations and whatever else a run spends.
+evaluations and whatever else a run spends; and per seed, the range of each
+seed's time over the first row's on that seed: a median within that range of
+its goal could fall on either side in another sitting.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ def main():
                 print(f"{row} seed {seed}: 0.99 at step {r['target_step']} after {r['target_seconds']} s "
                       f"(final {r['eval/accuracy']:.4f} at step {r['steps']})", flush=True)
         print(f"\n{'row':16s} {'steps to 0.99':>22s} {'s to 0.99':>10s} {'x ' + base:>10s} {'goal':>5s}   "
-              f"{'step ms':>8s} {'x ' + base:>10s} {'compile s':>10s} {'rest s':>7s}  (medians over seeds {args.seeds})")
+              f"{'step ms':>8s} {'x ' + base:>10s} {'compile s':>10s} {'rest s':>7s} {'per seed':>11s}  "
+              f"(medians over seeds {args.seeds})")
         medians = {}
         for row, rs in runs.items():
             seconds, steps = [r["target_seconds"] for r in rs], [r["target_step"] for r in rs]
@@ -124,9 +127,14 @@ def main():
             # else a run spends (a second compile would show here)
             rest = statistics.median(r["target_seconds"] - r["target_step"] * s["step_ms"] / 1e3 - s["compile_s"]
                                      for r in rs)
+            # each seed's time over the first row's on the same seed, run beside it: the spread says how far a
+            # median near its goal could move in another sitting
+            paired = [r["target_seconds"] / b["target_seconds"] for r, b in zip(rs, runs[base])
+                      if b["target_seconds"]]
+            spread = f"{min(paired):.2f}-{max(paired):.2f}" if paired and row != base else ""
             print(f"{row:16s} {statistics.median(steps):8.0f} {str(steps):>13s} {medians[row]:10.1f} {ratio:10.2f} "
                   f"{mark:>5s}   {s['step_ms']:8.2f} {s['step_ms'] / speed[base]['step_ms']:10.2f} "
-                  f"{s['compile_s']:10.1f} {rest:7.1f}")
+                  f"{s['compile_s']:10.1f} {rest:7.1f} {spread:>11s}")
         results["runs"] = runs
     print(json.dumps(results))
 
