@@ -2,6 +2,8 @@
 the chunked form against the token scan in outputs, final state and gradients, and the layer against a
 written-out definition."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,10 +69,12 @@ def test_the_chunked_form_equals_the_token_scan_in_outputs_state_and_gradients(c
 
     chunked = lambda *a, **kw: rwkv7.chunked(*a, chunk=chunk, **kw)  # noqa: E731
     state = S0 if from_state else None
-    (o1, f1), (o2, f2) = (form(*args, state=state, precision=HIGHEST) for form in (rwkv7.recurrent, chunked))
+    # each jitted whole: one program compiles sooner than its operations one by one
+    (o1, f1), (o2, f2) = (jax.jit(partial(form, state=state, precision=HIGHEST))(*args)
+                          for form in (rwkv7.recurrent, chunked))
     np.testing.assert_allclose(o2, o1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(f2, f1, rtol=1e-5, atol=1e-5)
-    g1, g2 = (jax.grad(lambda *a, f=form: loss(f, *a), argnums=tuple(range(7)))(*args, S0)
+    g1, g2 = (jax.jit(jax.grad(partial(loss, form), argnums=tuple(range(7))))(*args, S0)
               for form in (rwkv7.recurrent, chunked))
     for name, a, b in zip(("r", "log_w", "kh", "a", "kt", "v", "state"), g1, g2):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=name)
