@@ -83,9 +83,10 @@ def test_the_chunked_form_equals_the_token_scan_in_outputs_state_and_gradients(c
 @pytest.mark.slow  # the continuation tests (tests/test_continuation.py) hold the layer to it too
 def test_continuing_from_a_state_equals_one_pass():
     args, _ = inputs(T=13)
-    o, final = rwkv7.chunked(*args, chunk=4, precision=HIGHEST)
-    first, state = rwkv7.chunked(*(y[:, :6] for y in args), chunk=4, precision=HIGHEST)
-    rest, end = rwkv7.chunked(*(y[:, 6:] for y in args), state=state, chunk=4, precision=HIGHEST)
+    chunked = jax.jit(partial(rwkv7.chunked, chunk=4, precision=HIGHEST))  # sooner than operation by operation
+    o, final = chunked(*args)
+    first, state = chunked(*(y[:, :6] for y in args))
+    rest, end = chunked(*(y[:, 6:] for y in args), state=state)
     np.testing.assert_allclose(jnp.concatenate([first, rest], 1), o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(end, final, rtol=1e-5, atol=1e-5)
 
