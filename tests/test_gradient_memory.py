@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import pytest
 
 from tmem.memory import gradient, ttt
+from tmem.memory.reads import at_positions
 from tmem.memory.linear_state import recurrent as linear_recurrent
 
 B, T, H, D, HIDDEN = 2, 13, 2, 4, 8
@@ -53,12 +54,11 @@ def inputs(inner, *, momentum, decay, mini_batch, start, seed=0, initial=False):
 
 @partial(jax.jit, static_argnums=(0, 1), static_argnames=("mini_batch", "start"))
 def value_and_grads(form, inner, x, **kw):
-    """(o, state) and the gradients of a random projection of both w.r.t. every input."""
-    do = jax.random.normal(jax.random.key(7), (B, T, H, D))
-
+    """(o, state) and the gradients of a random projection of both w.r.t. every input (o [B, T or Q, H, D])."""
     def loss(x):
         with jax.default_matmul_precision("highest"):
             o, S = form(inner=inner, **x, **kw)
+        do = jax.random.normal(jax.random.key(7), o.shape)
         return jnp.sum(o * do) + sum(jnp.sum(jnp.sin(s)) for s in jax.tree.leaves(S)), (o, S)
 
     grads, out = jax.grad(loss, has_aux=True)(x)
@@ -113,26 +113,13 @@ def test_reading_at_positions_is_the_parallel_forms_reads_there_state_and_gradie
     inner = gradient.Inner(*spec)
     x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start, initial=initial)
 
-    def at_positions(form, **kw):
-        def read(**x):
-            o, S = form(**x, **kw)
-            return (o if "read_at" in kw else jnp.take_along_axis(o, READ_AT[:, :, None, None], axis=1)), S
-        return read
-
-    def value_and_grads(form):
-        do = jax.random.normal(jax.random.key(7), (B, READ_AT.shape[1], H, D))
-
-        def loss(x):
-            with jax.default_matmul_precision("highest"):
-                o, S = form(inner=inner, **x)
-            return jnp.sum(o * do) + sum(jnp.sum(jnp.sin(s)) for s in jax.tree.leaves(S)), (o, S)
-
-        grads, out = jax.jit(jax.grad(loss, has_aux=True))(x)
-        return out, grads
+    def taken(**x):  # the whole form's reads, taken at the positions
+        o, S = gradient.parallel(**x)
+        return at_positions(o, READ_AT), S
 
     kw = dict(mini_batch=mini_batch, start=start)
-    (o_ref, S_ref), g_ref = value_and_grads(at_positions(gradient.parallel, **kw))
-    (o, S), g = value_and_grads(at_positions(gradient.parallel, read_at=READ_AT, **kw))
+    (o_ref, S_ref), g_ref = value_and_grads(taken, inner, x, **kw)
+    (o, S), g = value_and_grads(gradient.parallel, inner, x, read_at=READ_AT, **kw)
     assert o.shape == o_ref.shape and rel_err(o, o_ref) <= 1e-5
     for a, b in zip(jax.tree.leaves((S, g)), jax.tree.leaves((S_ref, g_ref)), strict=True):
         assert rel_err(a, b) <= 1e-5

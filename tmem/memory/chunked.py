@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from tmem.memory.linear_state import prepare
+from tmem.memory.reads import at_positions
 
 
 def _lower(n: int, strict: bool = False) -> jax.Array:
@@ -229,7 +230,7 @@ def chunked(q, k, v, *, log_a=None, beta=None, delta: bool = False, state=None,
         x = x.reshape(x.shape[0], N, chunk, x.shape[2], *x.shape[3:])
         return jnp.moveaxis(x, (1, 3), (0, 2))
 
-    q_read = None if read_at is None else jnp.take_along_axis(q, read_at[:, :, None, None], axis=1)
+    q_read = None if read_at is None else at_positions(q, read_at)
     q, k, v, g, beta = map(chunks, (q, k, v, log_a, beta))
     if decays:
         # chunk-local cumulative log decay (no global sum to lose precision), as a matmul with a triangle of

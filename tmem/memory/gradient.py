@@ -60,6 +60,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from tmem.memory.reads import at_positions
 from tmem.memory.ttt import layer_norm
 
 FUNCTIONS = ("linear", "mlp")
@@ -191,8 +192,7 @@ def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=Non
     time_major = lambda x: jnp.moveaxis(x, 1, 0)  # noqa: E731
     xs = (*map(time_major, (q, k, v, theta, log_a, log_eta)), tok_t, closes)
     final, o = jax.lax.scan(lambda c, x: batch(c, x, ln), tuple(state), xs)
-    o = time_major(o)
-    return (o if read_at is None else jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)), final
+    return at_positions(time_major(o), read_at), final
 
 
 def _coefficients(theta, log_a, log_eta, live, tok):
@@ -309,7 +309,7 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
         xs = (blocks(q), *xs, None, None)
     else:  # every block gets the Q queries [n, B, H, Q, d], their places [n, B, Q] and whether each is its own
         place = read_at + start  # in the padded sequence
-        q_read = jnp.moveaxis(jnp.take_along_axis(q, read_at[:, :, None, None], axis=1), 1, 2)
+        q_read = jnp.moveaxis(at_positions(q, read_at), 1, 2)
         own = (place // b)[None] == jnp.arange(n)[:, None, None]
         xs = (jnp.broadcast_to(q_read, (n, *q_read.shape)), *xs, jnp.broadcast_to(place % b, own.shape), own)
 

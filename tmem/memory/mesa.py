@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from tmem.memory.chunked import chunked
+from tmem.memory.reads import at_positions
 from tmem.memory.ridge_solve import SOLVERS, cg, ridge_solve
 
 
@@ -247,7 +248,7 @@ def parallel(q, k, v, *, log_a, beta, lam, state=None, solver: str = "cg", cg_st
             batch = jnp.arange(B)[:, None]
             S = jnp.moveaxis(jnp.moveaxis(S_in, 0, 1)[batch, n], 1, 2)  # [B, H, Q, d_k, d_k]
             e = jnp.moveaxis(jnp.exp(jnp.moveaxis(cum, (0, 3), (1, 2))[batch, n, i]), 1, 2)  # [B, H, Q]
-        q_r = jnp.moveaxis(jnp.take_along_axis(q, read_at[:, :, None, None], axis=1), 1, 2)
+        q_r = jnp.moveaxis(at_positions(q, read_at), 1, 2)
         x = solve(W, jnp.moveaxis(k_c, 0, 2).reshape(B, Hh, N * C, dk), q_r, e, S)  # [B, H, Q, d_k]
         # back in place for the chunked read, which takes the rows at read_at
         x = jnp.zeros(k.shape, x.dtype).at[jnp.arange(B)[:, None], read_at].set(jnp.moveaxis(x, 1, 2))

@@ -16,6 +16,14 @@ import jax.numpy as jnp
 from tmem.memory.softmax import softmax_read
 
 
+def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
+    """The reads (or queries) x [B, T, ...] at positions read_at [B, Q] -> [B, Q, ...]; all of x when read_at
+    is None. Every memory and row that reads at the loss's positions takes them with it."""
+    if read_at is None:
+        return x
+    return jnp.take_along_axis(x, read_at.reshape(read_at.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
 def relu_power(p: int) -> Callable[[jax.Array], jax.Array]:
     """sigma(s) = ReLU(s)^p: keeps a match of 1 at 1 and shrinks a typical 1/sqrt(d) to d^(-p/2)."""
     if p == 1:

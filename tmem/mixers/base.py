@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+# with the protocol: a row, in tmem or outside it (tests/my_memory), reads at positions with it
+from tmem.memory.reads import at_positions  # noqa: F401
 from tmem.mixers.flops import Uncounted
 
 
@@ -251,13 +253,6 @@ def check_temperature(temperature: float | None, learned: bool = False) -> None:
     if temperature is not None and (temperature < 0 or learned and temperature == 0):
         raise ValueError(f"mixer.temperature={temperature} must be positive, zero (a uniform read"
                          f"{'; not with mixer.learn_temperature' if learned else ''}) or null (the row's default)")
-
-
-def at_positions(x: jax.Array, read_at: jax.Array | None) -> jax.Array:
-    """x [B, T, ...] at positions read_at [B, Q] -> [B, Q, ...]; all of x when read_at is None."""
-    if read_at is None:
-        return x
-    return jnp.take_along_axis(x, read_at.reshape(read_at.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
 def mask_heads(o_bthd: jax.Array, head_mask: jax.Array | None) -> jax.Array:
