@@ -10,6 +10,7 @@ from conftest import quick_only
 from tmem.memory.chunked import (ONE_REFERENCE_SPAN, chunked, intra_scores, one_reference_scores,
                                  sub_chunk_scores, unit_lower_solve)
 from tmem.memory.linear_state import recurrent
+from tmem.memory.reads import at_positions
 
 B, H, DK, DV = 2, 2, 4, 3
 TOL = 1e-5
@@ -74,7 +75,7 @@ def test_chunked_equals_recurrent_outputs_state_and_gradients(decay, delta):
 def recurrent_read_at(*, read_at, **kw):
     """The definition read after the tokens read_at [B, Q] only."""
     o, S = recurrent(**kw)
-    return jnp.take_along_axis(o, read_at[:, :, None, None], axis=1), S
+    return at_positions(o, read_at), S
 
 
 @pytest.mark.parametrize("decay, delta", quick_only(ROWS, {"scalar-add"}))

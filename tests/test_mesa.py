@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tmem.memory import mesa, ridge_solve
+from tmem.memory.reads import at_positions
 from tmem.memory.stores import rls_init, rls_writes
 from tmem.mixers.base import resumable_fields
 from tmem.mixers.mesa import CHUNKED_FROM, MesaConfig, MesaRun
@@ -100,7 +101,7 @@ def test_reads_at_positions_equal_the_definitions_rows():
         def loss(*args):
             o, S = form(**dict(x, **dict(zip(names, args))), precision=FULL, **kw)
             if o.shape[1] == T:
-                o = jnp.take_along_axis(o, read_at[:, :, None, None], axis=1)
+                o = at_positions(o, read_at)
             return jnp.sum(w * o) + sum(jnp.sum(jnp.sin(s)) for s in S), (o, S)
         return jax.grad(loss, argnums=tuple(range(len(names))), has_aux=True)(*[x[n] for n in names])
 
