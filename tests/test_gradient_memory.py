@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import pytest
 
 from tmem.memory import gradient, ttt
+from tmem.memory.key_gradients import key_gradients
 from tmem.memory.reads import at_positions
 from tmem.memory.linear_state import recurrent as linear_recurrent
 
@@ -97,6 +98,43 @@ def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(cas
     paths = jax.tree_util.tree_flatten_with_path(g_ref)[0]
     for (path, b), a in zip(paths, jax.tree.leaves(g), strict=True):
         assert rel_err(a, b) <= 1e-5, jax.tree_util.keystr(path)
+
+
+@pytest.mark.parametrize("spec", [(f, bias, norm) for f in gradient.FUNCTIONS for bias in (True, False)
+                                  for norm in (True, False)], ids=str)
+def test_the_keys_pass_and_its_written_out_backward_are_autodiffs(spec):
+    """key_gradients (the parallel form's keys: each hidden layer's input and each layer's delta, the gradient of
+    the half-loss in its output) and its hand-written backward, against autodiff of `gradient.loss` and of that
+    autodiff, for every inner model; one head, a mini-batch of 5, the weights away from zero."""
+    inner = gradient.Inner(*spec)
+    ks = jax.random.split(jax.random.key(1), 6)
+    params = jax.tree.map(lambda p: p[0], gradient.init_params(inner, 1, D, HIDDEN, ks[0], 0.5))
+    k, v = jax.random.normal(ks[1], (5, D)), jax.random.normal(ks[2], (5, D))
+    ln = (1 + 0.3 * jax.random.normal(ks[3], (D,)), 0.3 * jax.random.normal(ks[4], (D,)))
+
+    def autodiff(params, k, v, ln):  # the deltas as gradients in zero additions to each pre-activation
+        def loss(add):
+            h = k
+            hidden = []
+            for layer in range(1, inner.layers + 1):
+                z = h @ params[f"W{layer}"] + add[layer - 1]
+                z = z + params[f"b{layer}"][None] if inner.bias else z
+                h = jax.nn.gelu(z, approximate=True) if layer < inner.layers else z
+                hidden.append(h)
+            y = ttt.layer_norm(h, *(p[None] for p in ln)) if inner.norm else h
+            return 0.5 * jnp.sum(jnp.square(y - (v - k if inner.norm else v))), hidden[:-1]
+
+        add = [jnp.zeros((5, params[f"W{layer}"].shape[1])) for layer in range(1, inner.layers + 1)]
+        deltas, hidden = jax.grad(loss, has_aux=True)(add)
+        return hidden, deltas
+
+    with jax.default_matmul_precision("highest"):
+        out_ref, vjp_ref = jax.vjp(autodiff, params, k, v, ln)
+        out, vjp = jax.vjp(partial(key_gradients, inner), params, k, v, ln)
+        cotangent = jax.tree.map(lambda x: jax.random.normal(ks[5], x.shape), out_ref)
+        grads, grads_ref = vjp(cotangent), vjp_ref(cotangent)
+    for a, b in zip(jax.tree.leaves((out, grads)), jax.tree.leaves((out_ref, grads_ref)), strict=True):
+        assert rel_err(a, b) <= 1e-5
 
 
 # positions unsorted and repeated, the first and last among them: for T = 13 in mini-batches of 4 from a cut at 3,

@@ -30,7 +30,8 @@ that never closes: one gradient step from the initial memory.
 is the training form: mini-batch by mini-batch (a scan over them in a long
 call), no per-token weights built. Every gradient of a linear layer is an
 outer product x_j delta_j^T (x_j the layer's input on the key's forward at
-M_0, delta_j its output's gradient), so with U_i = M_i - A_i M_0 a layer's read
+M_0, delta_j its output's gradient: tmem/memory/key_gradients.py, whose
+backward is written out), so with U_i = M_i - A_i M_0 a layer's read
 at token i is
 
     z_i = x~_i (c0_i W_0 + c1_i U_0 + c2_i S_0) + (same for the bias) - sum_{j<=i} K_ij (x~_i . x_j + 1) delta_j,
@@ -60,6 +61,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from tmem.memory.key_gradients import key_gradients
 from tmem.memory.reads import at_positions
 from tmem.memory.ttt import layer_norm
 
@@ -96,19 +98,15 @@ def init_params(inner: Inner, H: int, d: int, hidden: int, key, std: float, zero
     return params
 
 
-def model(inner: Inner, params: dict, x, ln, eps=None):
-    """g(x) (LNed when inner.norm), and each layer's input: one head, x [..., d]. eps: additions to each layer's
-    pre-activation (zeros), whose gradients are the deltas of the parallel form."""
-    inputs, h = [], x
+def model(inner: Inner, params: dict, x, ln):
+    """g(x) (LNed when inner.norm): one head, x [..., d]."""
+    h = x
     for layer in range(1, inner.layers + 1):
-        inputs.append(h)
         z = h @ params[f"W{layer}"]
         if inner.bias:
             z = z + jnp.broadcast_to(params[f"b{layer}"], z.shape)
-        if eps is not None:
-            z = z + eps[layer - 1]
         h = jax.nn.gelu(z, approximate=True) if layer < inner.layers else z
-    return (_layer_norm(h, ln) if inner.norm else h), inputs
+    return _layer_norm(h, ln) if inner.norm else h
 
 
 def _layer_norm(h, ln):
@@ -116,9 +114,9 @@ def _layer_norm(h, ln):
     return layer_norm(h, *(jnp.broadcast_to(p, h.shape) for p in ln))
 
 
-def loss(inner: Inner, params: dict, k, v, ln, eps=None):
+def loss(inner: Inner, params: dict, k, v, ln):
     """The half-loss summed over the tokens of k, v [..., d] (each token's loss depends on its own row only)."""
-    y, _ = model(inner, params, k, ln, eps)
+    y = model(inner, params, k, ln)
     target = v - k if inner.norm else v
     return 0.5 * jnp.sum(jnp.square(y - target))
 
@@ -180,7 +178,7 @@ def recurrent(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=Non
             U = jax.tree.map(lambda u, gi: a * u - theta_t * gi, U, g)
         A = a * A
         R = jax.tree.map(lambda m0, u: A * m0 + tok_i * u, M0, U)
-        y, _ = model(inner, R, q_t, ln_h)
+        y = model(inner, R, q_t, ln_h)
         o = read(inner, q_t, y)
         keep = lambda new, old: jax.tree.map(lambda n, o_: jnp.where(close, n, o_), new, old)  # noqa: E731
         carry = (keep(R, M0), keep(jax.tree.map(jnp.zeros_like, U), U), jnp.where(close, 1.0, A), S)
@@ -231,10 +229,8 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
     at = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731  each read's row of a coefficient
     L = inner.layers
     # the keys' forward at M_0, and each layer's output gradient delta_j (per token: the loss is a sum of rows)
-    shapes = [(k.shape[0], M0[f"W{layer}"].shape[-1]) for layer in range(1, L + 1)]
-    eps = [jnp.zeros(s) for s in shapes]
-    deltas = jax.grad(lambda e: loss(inner, M0, k, v, ln, e))(eps)
-    _, xs = model(inner, M0, k, ln)
+    hidden, deltas = key_gradients(inner, M0, k, v, ln)
+    xs = [k, *hidden]
     # the starting matrices a read multiplies, and their coefficients per token: M_0 (A_0 A_i), U_0 (tok_i A_i)
     # unless fresh, S_0 (tok_i m_i) with momentum
     starts = [(M0, at(cf["A"] if fresh else A0 * cf["A"]))]
