@@ -5,11 +5,12 @@ key's forward at the starting weights M_0 and the gradient delta_j of the
 token's half-loss in that layer's output (tmem/memory/gradient.py). Training
 then differentiates through those gradients: a second derivative of the inner
 model. Autodiff of autodiff makes it from the first backward's pieces (many
-small per-token and per-head reductions through the inner LayerNorm and GELU),
-and in Titans' step that path was 40% of the time; written out here, the
+small per-token and per-head reductions through the inner LayerNorm and GELU;
+in Titans' step everything that flows back through these gradients took 40%
+of the time, 84 ms a step with it stopped against 140). Written out here, the
 forward's activations and GELU's derivatives are kept for the backward and the
-LayerNorm's second derivative is a few row means (BENCHMARKS.md, "Titans'
-time").
+LayerNorm's second derivative is a few row means: Titans' step 7% shorter,
+TTT-MLP's 9% (BENCHMARKS.md, "Titans' time").
 
 One head, one mini-batch: k, v [b, d]; the inner model's params as in
 gradient.py ([d, out] weights, [out] biases), its LayerNorm's scale and bias
@@ -32,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from tmem.memory.ttt import LN_EPS
+
 _C, _A = 0.7978845608028654, 0.044715  # the tanh GELU's sqrt(2 / pi) and cubic coefficient
 
 
@@ -96,7 +98,7 @@ def _key_gradients_bwd(inner, res, cotangents):
     M0, k, ln, deltas, (xs, gelus, outs, norm) = res
     x_bar, d_bar = list(cotangents[0]), list(cotangents[1])
     L = inner.layers
-    z_bar = [None] * L
+    z_bar = [None] * L  # each layer's pre-activation's gradient
     grads = {}
     # the deltas' recurrence, from the first layer's up: each adds to the next delta's and to GELU's input's
     for layer in range(1, L):
@@ -116,15 +118,14 @@ def _key_gradients_bwd(inner, res, cotangents):
         sigma_bar = -jnp.sum(d_bar[-1] * deltas[-1], axis=-1, keepdims=True) * inv_sigma
         ln_bar = (jnp.sum(g_bar * r + r_bar * n, axis=0), jnp.sum(r_bar, axis=0))
         v_bar, k_bar = -r_bar, r_bar  # the target v - k
-        last = (n_bar - _rows_mean(n_bar) - n * _rows_mean(n_bar * n)) * inv_sigma + sigma_bar * n / n.shape[-1]
+        z_bar[-1] = (n_bar - _rows_mean(n_bar) - n * _rows_mean(n_bar * n)) * inv_sigma + sigma_bar * n / n.shape[-1]
     else:
         ln_bar = jax.tree.map(jnp.zeros_like, ln)
-        v_bar, k_bar, last = -d_bar[-1], jnp.zeros_like(k), d_bar[-1]
-    z_bar[-1] = last if z_bar[-1] is None else z_bar[-1] + last
+        v_bar, k_bar, z_bar[-1] = -d_bar[-1], jnp.zeros_like(k), d_bar[-1]
     # the forward, from the last layer down
     for layer in range(L, 0, -1):
         W, zb = M0[f"W{layer}"], z_bar[layer - 1]
-        grads[f"W{layer}"] = xs[layer - 1].T @ zb + (grads[f"W{layer}"] if layer > 1 else 0.0)
+        grads[f"W{layer}"] = xs[layer - 1].T @ zb + grads.get(f"W{layer}", 0.0)  # and the recurrence's part
         if inner.bias:
             grads[f"b{layer}"] = jnp.sum(zb, axis=0)
         below = zb @ W.T
