@@ -104,8 +104,8 @@ def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(cas
                                   for norm in (True, False)], ids=str)
 def test_the_keys_pass_and_its_written_out_backward_are_autodiffs(spec):
     """key_gradients (the parallel form's keys: each hidden layer's input and each layer's delta, the gradient of
-    the half-loss in its output) and its hand-written backward, against autodiff of `gradient.loss` and of that
-    autodiff, for every inner model; one head, a mini-batch of 5, the weights away from zero."""
+    the half-loss in its output) and its hand-written backward, against autodiff of the half-loss and autodiff
+    of that, for every inner model; one head, a mini-batch of 5, the weights away from zero."""
     inner = gradient.Inner(*spec)
     ks = jax.random.split(jax.random.key(1), 6)
     params = jax.tree.map(lambda p: p[0], gradient.init_params(inner, 1, D, HIDDEN, ks[0], 0.5))
