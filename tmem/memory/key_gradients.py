@@ -32,7 +32,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from tmem.memory.ttt import LN_EPS
+from tmem.memory.ttt import ln_project, normalize
 
 _C, _A = 0.7978845608028654, 0.044715  # the tanh GELU's sqrt(2 / pi) and cubic coefficient
 
@@ -66,12 +66,10 @@ def _forward(inner, M0, k, v, ln):
             gelus.append((g1, g2))
     if inner.norm:
         s, t = ln
-        centred = z - _rows_mean(z)
-        inv_sigma = jax.lax.rsqrt(_rows_mean(jnp.square(centred)) + LN_EPS)
-        n = centred * inv_sigma
+        n, inv_sigma = normalize(z)
         r = n * s[None] + t[None] - (v - k)
         g = r * s[None]
-        delta = (g - _rows_mean(g) - n * _rows_mean(g * n)) * inv_sigma
+        delta = ln_project(g, n) * inv_sigma
         norm = (n, inv_sigma, r, g)
     else:
         delta, norm = z - v, None
@@ -112,13 +110,13 @@ def _key_gradients_bwd(inner, res, cotangents):
         s, _ = ln
         n, inv_sigma, r, g = norm
         u = d_bar[-1] * inv_sigma
-        g_bar = u - _rows_mean(u) - n * _rows_mean(u * n)
+        g_bar = ln_project(u, n)
         r_bar = g_bar * s[None]
         n_bar = r_bar * s[None] - u * _rows_mean(g * n) - g * _rows_mean(u * n)
         sigma_bar = -jnp.sum(d_bar[-1] * deltas[-1], axis=-1, keepdims=True) * inv_sigma
         ln_bar = (jnp.sum(g_bar * r + r_bar * n, axis=0), jnp.sum(r_bar, axis=0))
         v_bar, k_bar = -r_bar, r_bar  # the target v - k
-        z_bar[-1] = (n_bar - _rows_mean(n_bar) - n * _rows_mean(n_bar * n)) * inv_sigma + sigma_bar * n / n.shape[-1]
+        z_bar[-1] = ln_project(n_bar, n) * inv_sigma + sigma_bar * n / n.shape[-1]
     else:
         ln_bar = jax.tree.map(jnp.zeros_like, ln)
         v_bar, k_bar, z_bar[-1] = -d_bar[-1], jnp.zeros_like(k), d_bar[-1]

@@ -47,11 +47,22 @@ import jax.numpy as jnp
 LN_EPS = 1e-6  # flax's LayerNorm default, the official inner norm's
 
 
+def normalize(z):
+    """(z - mean) / sigma over the last axis, and 1 / sigma, sigma = sqrt(var + eps)."""
+    mu = jnp.mean(z, axis=-1, keepdims=True)
+    inv = jax.lax.rsqrt(jnp.mean(jnp.square(z - mu), axis=-1, keepdims=True) + LN_EPS)
+    return (z - mu) * inv, inv
+
+
+def ln_project(g, x_hat):
+    """g - mean(g) - x_hat mean(g x_hat) over the last axis: LN's backward before its 1 / sigma, for g the output's
+    gradient times the scale (tmem.memory.key_gradients takes the same projection in its second derivative)."""
+    return g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True)
+
+
 def layer_norm(z, scale, bias):
     """LN over the last axis with a scale and bias: (z - mean) / sqrt(var + eps) * scale + bias."""
-    mu = jnp.mean(z, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(z - mu), axis=-1, keepdims=True)
-    return (z - mu) * jax.lax.rsqrt(var + LN_EPS) * scale + bias
+    return normalize(z)[0] * scale + bias
 
 
 def inner_loss(W, b, k, v, scale, bias, precision=None):
@@ -101,13 +112,10 @@ def recurrent(q, k, v, *, lr, token_lr, ln_scale, ln_bias, state, mini_batch: in
 
 def _ln_with_vjp(z, scale, bias):
     """LN(z) and its backward dz(dy) = (g - mean(g) - x_hat mean(g x_hat)) / sigma, g = dy * scale, written out."""
-    mu = jnp.mean(z, axis=-1, keepdims=True)
-    inv = jax.lax.rsqrt(jnp.mean(jnp.square(z - mu), axis=-1, keepdims=True) + LN_EPS)
-    x_hat = (z - mu) * inv
+    x_hat, inv = normalize(z)
 
     def vjp(dy):
-        g = dy * scale
-        return inv * (g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True))
+        return inv * ln_project(dy * scale, x_hat)
 
     return x_hat * scale + bias, vjp
 
