@@ -225,6 +225,20 @@ def model_and_tokens(tiny_cfg):
     return make
 
 
+def untrained_run(run_dir: Path, composed, step: int = 0) -> Path:
+    """A run directory whose one checkpoint, at `step`, holds the untrained state of the composed config (its
+    resolved form saved beside it, as training saves it): all a probe or a notebook reads of a run, without
+    compiling a training step."""
+    from tmem.config import validate
+    from tmem.train.build import build
+    from tmem.train.checkpoint import Checkpoints
+
+    state = build(validate(composed)).state
+    Checkpoints(run_dir / "checkpoints", config=OmegaConf.to_container(composed, resolve=True)).save(
+        state.replace(step=state.step + step))
+    return run_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A finished tiny training run directory (train.py as a subprocess), shared by tests that read one."""

@@ -58,19 +58,20 @@ TIED_ROWS = {"softmax", "none", "retnet", "mesa", "ttt_linear"}
 
 def cases() -> dict[str, list[str]]:
     tokens = [o for o in TINY if o != "mixer.heads=2"]
+    one = [*tokens, "model.depth=1"]  # one layer where a case tests a row's own state: the stacks hand on several
     out = {}
     for m in MIXERS:
-        out[f"tokens-{m}"] = [*_with_heads(tokens, m), *_chunked(m)]
+        out[f"tokens-{m}"] = [*_with_heads(one, m), *_chunked(m)]
         if m in TIED_ROWS:
-            out[f"tokens-{m}-tied-learned"] = [*out[f"tokens-{m}"], "model.depth=3", "model.tie_blocks=true",
-                                               "model.positions=learned"]
+            out[f"tokens-{m}-tied-learned"] = [*_with_heads(tokens, m), *_chunked(m), "model.depth=3",
+                                               "model.tie_blocks=true", "model.positions=learned"]
         if m in VECTOR_ROWS | {"lsa"}:
             causal = ["mixer.layout=causal", "task.format=garg", "task.score=every"] if m == "lsa" else []
             out[f"vectors-{m}"] = [*_with_heads(VECTOR, m), *_chunked(m), *causal]
-    out["tokens-softmax-rope"] = [*_with_heads(tokens, "softmax"), "model.positions=rope"]
+    out["tokens-softmax-rope"] = [*_with_heads(one, "softmax"), "model.positions=rope"]
     # the MLPs read each position alone, so they continue whatever the split; a mixture's routing and a memory's
     # search are the same for a token in any call
-    out.update({f"tokens-softmax-{name}": [*_with_heads(tokens, "softmax"), *mlp] for name, mlp in MLP_SWITCHES.items()
+    out.update({f"tokens-softmax-{name}": [*_with_heads(one, "softmax"), *mlp] for name, mlp in MLP_SWITCHES.items()
                 if name in ("moe", "pkm")})
     for m in HYBRID_ROWS:
         layers = ",".join(_entry(row) for row in (m, "softmax", "gated_deltanet"))
@@ -79,7 +80,7 @@ def cases() -> dict[str, list[str]]:
     out["hybrid-tied-learned"] = [*tokens, f"model.mixers=[{_entry('gated_deltanet')},{_entry('softmax')}]",
                                   "model.depth=3", "model.tie_blocks=true", "model.positions=learned"]
     out["hybrid-based"] = [*tokens, "model=based"]
-    out["tokens-mesa-chunked"] = [*_with_heads(tokens, "mesa"), "mixer.run.form=chunked", "mixer.run.chunk=4"]
+    out["tokens-mesa-chunked"] = [*_with_heads(one, "mesa"), "mixer.run.form=chunked", "mixer.run.chunk=4"]
     return out
 
 

@@ -126,18 +126,14 @@ def test_eval_form_auto_reads_a_delta_rule_with_narrow_keys_in_the_token_scan(ti
 
 
 @pytest.mark.slow
-def test_train_py_runs_a_row_of_each_write(tmp_path):
-    # one multirun, one process: the rows share the start-up (imports, Hydra) a process each would repeat. Two
-    # kinds of write (per-channel decay; delta with a scalar decay): the golden, continuation and chunked-form tests
-    # already run every row's math, and each row here costs a compile (about 20 s on 2 cores)
-    rows = ("gla", "gated_deltanet")
-    done = run_entry("train.py", "-m", *TINY, f"mixer={','.join(rows)}", "train.steps=10",
-                     f"hydra.sweep.dir={tmp_path}")
+def test_train_py_runs_a_fast_weight_row(tmp_path):
+    # a per-channel decay's chunked form through train.py; the golden, continuation and chunked-form tests run
+    # every row's math, and the delta rule trains on two devices in tests/test_mesh.py (a hybrid with Gated
+    # DeltaNet) and in the probe matrix: each row here would cost a compile (about 8 s on 2 cores)
+    done = run_entry("train.py", *TINY, "mixer=gla", "train.steps=10", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
-    for job, row in enumerate(rows):
-        summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
-        assert summary["steps"] == 10 and summary["state_size_per_token"] is None, row
-        assert f"mixer={row}" in (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 10 and summary["state_size_per_token"] is None
 
 
 @pytest.mark.slow

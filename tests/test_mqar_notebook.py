@@ -6,24 +6,15 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
-from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, compose_config
+from conftest import ROOT, TINY, compose_config, untrained_run
 
 pytestmark = pytest.mark.notebook
 
 
-def untrained_run(run_dir: Path, *overrides: str) -> Path:
-    """A TINY MQAR run (2 pairs in 16 tokens, 2 heads of width 8) with its untrained state saved as the run's
-    checkpoint: all the notebook reads, without compiling a training step."""
-    from tmem.config import validate
-    from tmem.train.build import build
-    from tmem.train.checkpoint import Checkpoints
-
-    cfg = compose_config([*TINY, *overrides])
-    Checkpoints(run_dir / "checkpoints", config=OmegaConf.to_container(cfg, resolve=True)).save(
-        build(validate(cfg)).state)
-    return run_dir
+def tiny_untrained(run_dir: Path, *overrides: str) -> Path:
+    """A TINY MQAR run (2 pairs in 16 tokens, 2 heads of width 8), untrained: all the notebook reads."""
+    return untrained_run(run_dir, compose_config([*TINY, *overrides]))
 
 
 def execute(run_dir: Path, tmp_path: Path, **parameters) -> tuple[str, int]:
@@ -40,7 +31,7 @@ def execute(run_dir: Path, tmp_path: Path, **parameters) -> tuple[str, int]:
 
 
 def test_on_a_fast_weight_run(tmp_path):
-    text, images = execute(untrained_run(tmp_path / "run", "mixer=deltanet"), tmp_path, example=3)
+    text, images = execute(tiny_untrained(tmp_path / "run", "mixer=deltanet"), tmp_path, example=3)
     assert "step 0: mixer deltanet, 2 layer(s) of width 16; 2 pairs in 16 tokens" in text
     assert "overall accuracy" in text
     # 1, 2 and 4 pairs fit in 16 tokens; 8 is the task's own refusal, and the powers of two stop there
@@ -52,7 +43,7 @@ def test_on_a_fast_weight_run(tmp_path):
 
 
 def test_on_a_softmax_run(tmp_path):
-    text, images = execute(untrained_run(tmp_path / "run", "model.depth=1"), tmp_path, pair_counts=[1, 2, 3])
+    text, images = execute(tiny_untrained(tmp_path / "run", "model.depth=1"), tmp_path, pair_counts=[1, 2, 3])
     assert "step 0: mixer softmax, 1 layer(s) of width 16" in text
     assert "3 pairs in 16 tokens: accuracy" in text and "refused" not in text  # the listed counts, all of them
     assert "layer 0 (SoftmaxAttention): no matrix state: a KV cache" in text

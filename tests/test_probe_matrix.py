@@ -14,9 +14,8 @@ import json
 import math
 
 import pytest
-from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import compose_config, untrained_run
 from tmem.config import CONFIG_DIR, resolve_auto, validate
 from tmem.probes import PROBES
 
@@ -62,8 +61,8 @@ def test_every_probe_says_whether_it_reads_every_row_on_every_task():
         assert counts["refused"] > 0 or not PROBES[name].needs_run or name == "heldout", name
 
 
-# One tiny run per row family (a layer class; the regression grid's cells resolve to these) on the task its
-# probes read (MQAR for most, induction's included; the in-context regression for gd_match, memorize for
+# One tiny untrained run per row family (a layer class; the regression grid's cells resolve to these) on the task
+# its probes read (MQAR for most, induction's included; the in-context regression for gd_match, memorize for
 # rank_one_edit), each probe that applies run once on it
 FAMILIES = {
     "softmax": ["mixer=softmax", "mixer.kv_heads=1"],
@@ -95,16 +94,17 @@ def finite_numbers(tree) -> list[float]:
     return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) and math.isfinite(tree) else []
 
 
-@pytest.mark.slow  # about 3 minutes: eight tiny runs and their probes
+@pytest.mark.slow  # about a minute: eight untrained runs and their probes
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_probe_that_applies_runs_on_a_tiny_run_of_each_row_family(family, tmp_path):
     from tmem.train.evaluate import evaluate
-    from tmem.train.loop import run
 
     task = compose_config(FAMILIES[family]).task.name  # its task's own small sizes follow
     composed = compose_config([*FAMILIES[family], *SMALL, *SMALL_TASK[task]])
     cfg = validate(composed)
-    run(cfg, tmp_path / "run", OmegaConf.to_container(composed, resolve=True))
+    # the untrained state where the 3-step run saves its checkpoint: the probes read weights of any training (the
+    # training step of every row is compiled by tests/test_golden.py, and trained runs by the probes' own tests)
+    untrained_run(tmp_path / "run", composed, step=cfg.train.steps)
     probes = [name for name, p in PROBES.items() if p.needs_run and p.applies(cfg) is None]
     assert probes, family
     report = evaluate(str(tmp_path / "run"), probes, out_dir=tmp_path / "eval",
