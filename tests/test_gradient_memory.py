@@ -68,14 +68,15 @@ def value_and_grads(form, inner, x, **kw):
 
 # a call of at most gradient.UNROLLED mini-batches runs each as its own code (the cuts at 4), a longer one scans
 # over the middle ones (the pairs: 7 mini-batches). From the initial model (no state), the first mini-batch reads
-# one model for the batch and no momentum
-CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, start, from the initial model
-    "ttt-linear-cut": (("linear", True, True), False, False, 4, 3, False),
-    "mlp-momentum-decay-cut": (("mlp", True, True), True, True, 4, 7, False),  # 7 tokens read: 3 into the second
-    "bare-mlp-initial": (("mlp", False, False), True, True, 4, 0, True),
-    "bare-mlp-pairs-initial": (("mlp", False, False), True, True, 2, 0, True),
-    "mlp-one-step-continued": (("mlp", True, True), True, False, None, 5, False),
-    "linear-one-step-initial": (("linear", True, True), True, True, None, 0, True),
+# one model for the batch and no momentum. Half the cases' blocks keep only their matmuls for the backward pass
+# (Titans' run.saved), the other half everything (TTT-MLP's)
+CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, start, from the initial model, saved
+    "ttt-linear-cut": (("linear", True, True), False, False, 4, 3, False, "all"),
+    "mlp-momentum-decay-cut": (("mlp", True, True), True, True, 4, 7, False, "matmuls"),  # 7 tokens: 3 into the 2nd
+    "bare-mlp-initial": (("mlp", False, False), True, True, 4, 0, True, "all"),
+    "bare-mlp-pairs-initial": (("mlp", False, False), True, True, 2, 0, True, "matmuls"),
+    "mlp-one-step-continued": (("mlp", True, True), True, False, None, 5, False, "matmuls"),
+    "linear-one-step-initial": (("linear", True, True), True, True, None, 0, True, "all"),
 }
 
 
@@ -84,11 +85,12 @@ CASES = {  # inner model (function, bias, norm), momentum, decay, mini-batch, st
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_parallel_form_equals_the_definition_outputs_state_and_gradients(case):
-    spec, momentum, decay, mini_batch, start, initial = CASES[case]
+    spec, momentum, decay, mini_batch, start, initial, saved = CASES[case]
     inner = gradient.Inner(*spec)
     x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start, initial=initial)
     (o_ref, S_ref), g_ref = value_and_grads(gradient.recurrent, inner, x, mini_batch=mini_batch, start=start)
-    (o, S), g = value_and_grads(gradient.parallel, inner, x, mini_batch=mini_batch, start=start)
+    (o, S), g = value_and_grads(partial(gradient.parallel, saved=saved), inner, x, mini_batch=mini_batch,
+                                start=start)
     assert rel_err(o, o_ref) <= 1e-5
     for a, b in zip(jax.tree.leaves(S), jax.tree.leaves(S_ref), strict=True):
         assert rel_err(a, b) <= 1e-5
@@ -147,7 +149,7 @@ READ_AT = jnp.array([[12, 0, 5, 5], [3, 9, 12, 1]])
 def test_reading_at_positions_is_the_parallel_forms_reads_there_state_and_gradients(case):
     """read_at makes each block read the given queries only (the last layer's, where the loss reads): the
     outputs there, the state and every gradient are the whole form's (itself tested against the definition)."""
-    spec, momentum, decay, mini_batch, start, initial = CASES[case]
+    spec, momentum, decay, mini_batch, start, initial, _ = CASES[case]
     inner = gradient.Inner(*spec)
     x = inputs(inner, momentum=momentum, decay=decay, mini_batch=mini_batch, start=start, initial=initial)
 

@@ -71,6 +71,11 @@ FUNCTIONS = ("linear", "mlp")
 # mini-batches cost more time than 4 copies of the block, to run and to compile; at 8 the copies run faster
 # but compile half as long again (BENCHMARKS.md)
 UNROLLED = 4
+# what each block keeps for the backward pass (`saved`): all its intermediates, or its matmuls' outputs only, its
+# elementwise work computed again there (a jax.checkpoint policy). The same function either way; which is quicker
+# depends on the memory's size: on a CPU, Titans' step (heads of 32, hidden 128, momentum) takes 0.79 of its time
+# with matmuls, TTT-MLP's (heads of 16) 1.04, no gain (BENCHMARKS.md, "Titans' time")
+SAVED = {"all": None, "matmuls": jax.checkpoint_policies.dots_saveable}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,12 +281,13 @@ def _block(inner: Inner, carry, x, ln, close: bool, fresh: bool):
 
 
 def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None, ln=None, state=None,
-             initial: dict | None = None, mini_batch: int | None, start: int = 0, read_at=None):
+             initial: dict | None = None, mini_batch: int | None, start: int = 0, read_at=None, saved: str = "all"):
     """The training form, equal to `recurrent`: mini-batch by mini-batch, no per-token weights built.
 
     From `initial` (state None) the first mini-batch reads the one initial model of every example (one matmul
     for the batch, its gradient summed in it) and no momentum, which is zero there. read_at [B, Q]: o only at
-    those positions, [B, Q, H, d], each block reading the Q queries (a read is a third of a block's work)."""
+    those positions, [B, Q, H, d], each block reading the Q queries (a read is a third of a block's work).
+    saved: what each block keeps for the backward pass (`SAVED`)."""
     B, T, H, d = q.shape
     b = mini_batch or T
     # a call that begins a mini-batch begins it fresh: after a close, or from the initial state, U = 0 and A = 1
@@ -315,7 +321,8 @@ def parallel(q, k, v, *, inner: Inner, theta, log_a=None, log_eta=None, tok=None
     def step(close, fresh, shared=False):  # shared: the carry is the initial model's, one for the batch
         x_axes = (0,) * 7 + (None, None)  # q, k, v, theta, log_a, log_eta, live; rows and here, every head's
         heads = jax.vmap(partial(head_block, close=close, fresh=fresh), in_axes=((0, 0, 0, 0), x_axes, 0))
-        return jax.vmap(heads, in_axes=((None if shared else 0, 0, 0, 0), (0,) * 9, None))
+        batch = jax.vmap(heads, in_axes=((None if shared else 0, 0, 0, 0), (0,) * 9, None))
+        return batch if SAVED[saved] is None else jax.checkpoint(batch, policy=SAVED[saved])
 
     carry, outs = ((initial, None, None, None) if state is None else tuple(state)), []
     block = lambda i: jax.tree.map(lambda x: x[i], xs)  # noqa: E731

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,9 @@ FORGET_BIAS = -5.0  # alpha starts near 0.007: the memory starts nearly without 
 @dataclasses.dataclass(frozen=True)
 class TitansRun(Run):
     form: str = "parallel"  # parallel (training: mini-batch by mini-batch) | recurrent (the definition)
+    # what the parallel form's blocks keep for the backward pass: matmuls (their outputs only, the elementwise work
+    # computed again: Titans' step 0.79 of keeping all on a CPU) | all (tmem/memory/gradient.py's SAVED)
+    saved: str = "matmuls"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +75,8 @@ class TitansConfig(MixerConfig):
 
     def check(self, width: int) -> None:
         check_knobs(self, choices={"function": gradient.FUNCTIONS, "run.form": FORMS, "forget": FORGETS,
-                                   "initial": INITIALS}, positive=("mini_batch", "expansion"), width=width)
+                                   "initial": INITIALS, "run.saved": tuple(gradient.SAVED)},
+                    positive=("mini_batch", "expansion"), width=width)
         if self.base_lr <= 0:
             raise ValueError(f"mixer.base_lr={self.base_lr} must be positive")
         if self.function == "mlp" and self.initial == "zero":
@@ -216,7 +221,8 @@ class Titans(Mixer):
         v = v.reshape(B, T, H, self.d)
         theta, log_a, log_eta = self.rates(x_btd)
         ln = (self.ln_scale[...], self.ln_bias[...]) if cfg.inner_norm else None
-        form = gradient.parallel if cfg.run.form == "parallel" else gradient.recurrent
+        form = (partial(gradient.parallel, saved=cfg.run.saved) if cfg.run.form == "parallel"
+                else gradient.recurrent)
         o, memory = form(q, k, v, inner=cfg.inner, theta=theta, log_a=log_a, log_eta=log_eta, ln=ln,
                          state=None if state is None else state.memory, initial=self.initial_memory(),
                          mini_batch=cfg.mini_batch, start=start, read_at=read_at)
