@@ -19,15 +19,18 @@ def test_loss_gradients_and_initialisation_match_the_recording(case):
     now = measure(cases()[case])
     before = {key.split("|", 1)[1]: RECORDED[key] for key in RECORDED.files if key.startswith(f"{case}|")}
     assert sorted(now) == sorted(before), "the model's parameters changed names or number"
-    # Initialisations agree to a float32 rounding (3e-7): the tests compile at LLVM's optimisation level 0
-    # (conftest), which moves an initialiser's last bit (1.6e-8 relative seen); a changed initialiser moves
-    # far more. Loss and gradients agree to 1e-5 of the case's largest gradient, a margin over the machine
-    # alone: at optimisation level 0 the recording's own code (bee913c) computes every case bit for bit as
-    # the code after the refactor on one machine, yet differs from the recording, made on another, by up to
-    # 4.3e-6 of it (tokens-retnet), and an AVX2 build moves them by 3.4e-7. A changed term moves them by far
-    # more.
+    # An initialisation's norm agrees to a float32 rounding (3e-7), its sum to 1e-5 of the norm: the last bits of
+    # an initialiser move with the compiler (LLVM's level 0 in the tests, conftest; jaxlib 0.12.1 against 0.12.0.1
+    # moved sums by up to 2e-7 of the norm, 4e-6 of the sum, whose terms cancel), a changed initialiser by the
+    # norm's own order. Loss and gradients agree to 1e-5 of the case's largest gradient, a margin over the
+    # machine alone: at optimisation level 0 the recording's own code (bee913c) computes every case bit for bit
+    # as the code after the refactor on one machine, yet differs from the recording, made on another, by up to
+    # 4.3e-6 of it (tokens-retnet), and an AVX2 build moves them by 3.4e-7. A changed term moves them by far more.
     scale = max(np.abs(before[k]).max() for k in before if k.startswith("grad/"))
     for key in sorted(before):
-        tol = 3e-7 if key.startswith("param/") else 1e-5
-        atol = tol * (scale if key.startswith("grad/") else 1.0)
-        np.testing.assert_allclose(now[key], before[key], rtol=tol, atol=atol, err_msg=f"{case}: {key}")
+        if key.startswith("param/"):  # [sum, norm]
+            (now_sum, now_norm), (sum_, norm) = now[key], before[key]
+            assert now_norm == pytest.approx(norm, rel=3e-7, abs=3e-7), f"{case}: {key} norm"
+            assert now_sum == pytest.approx(sum_, rel=0, abs=1e-5 * norm), f"{case}: {key} sum"
+            continue
+        np.testing.assert_allclose(now[key], before[key], rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case}: {key}")
