@@ -129,7 +129,7 @@ def test_eval_form_auto_reads_a_delta_rule_with_narrow_keys_in_the_token_scan(ti
 def test_train_py_runs_a_fast_weight_row(tmp_path):
     # a per-channel decay's chunked form through train.py; the golden, continuation and chunked-form tests run
     # every row's math, and the delta rule trains on two devices in tests/test_mesh.py (a hybrid with Gated
-    # DeltaNet) and in the probe matrix: each row here would cost a compile (about 8 s on 2 cores)
+    # DeltaNet): each row here costs a compile (one row's run 9 to 11 s in the suite, two rows' 18 s)
     done = run_entry("train.py", *TINY, "mixer=gla", "train.steps=10", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

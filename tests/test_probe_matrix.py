@@ -103,7 +103,7 @@ def test_each_probe_that_applies_runs_on_a_tiny_run_of_each_row_family(family, t
     composed = compose_config([*FAMILIES[family], *SMALL, *SMALL_TASK[task]])
     cfg = validate(composed)
     # the untrained state where the 3-step run saves its checkpoint: the probes read weights of any training (the
-    # training step of every row is compiled by tests/test_golden.py, and trained runs by the probes' own tests)
+    # loss and gradients of every row are compiled by tests/test_golden.py, and trained runs by the probes' own tests)
     untrained_run(tmp_path / "run", composed, step=cfg.train.steps)
     probes = [name for name, p in PROBES.items() if p.needs_run and p.applies(cfg) is None]
     assert probes, family
